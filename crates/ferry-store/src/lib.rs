@@ -1,0 +1,183 @@
+//! Object storage for Ferry's backup repository.
+//!
+//! The repository talks to storage only through [`ObjectStore`]: a narrow, async,
+//! cancellable trait over immutable objects addressed by [`ObjectKey`]. Objects are created
+//! once ([`ObjectStore::put_if_absent`]) and never rewritten in place, which is what lets many
+//! writers share one repository without a lock and keeps the layout usable under S3 Object Lock.
+//!
+//! Backends:
+//! - [`FsStore`]: a directory tree, one file per object, written atomically.
+//! - [`S3Store`]: an S3 bucket (AWS or compatible), conditional writes for create-if-absent.
+//! - [`MemoryStore`]: in memory, for unit tests of the crates above this one.
+//!
+//! [`FaultyStore`] wraps any store and injects failures and latency for reliability tests.
+//! [`AnyStore`] holds any of them (backends are chosen by an enum, not `dyn`), and
+//! [`StoreUrl`] parses `file:///path` and `s3://bucket/prefix` locations.
+//!
+//! Retries live inside the backends that need them ([`S3Store`]; see its module docs), so
+//! every error a caller sees has already been retried where retrying could help.
+//!
+//! This crate knows nothing of Kubernetes, gRPC or the repository format.
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # tokio::runtime::Builder::new_current_thread().build()?.block_on(demo())
+//! # }
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use ferry_store::{MemoryStore, ObjectKey, ObjectStore, PutOutcome};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! let store = MemoryStore::new();
+//! let cancel = CancellationToken::new();
+//! let key = ObjectKey::new("snapshots/0001")?;
+//! assert_eq!(store.put_if_absent(&key, "one".into(), &cancel).await?, PutOutcome::Created);
+//! assert_eq!(store.put_if_absent(&key, "two".into(), &cancel).await?, PutOutcome::AlreadyExists);
+//! assert_eq!(store.get(&key, &cancel).await?, "one");
+//! # Ok(())
+//! # }
+//! ```
+
+mod any;
+mod cancel;
+mod error;
+mod faulty;
+mod fs;
+mod key;
+mod memory;
+mod s3;
+mod url;
+
+pub use any::AnyStore;
+pub use error::{StoreError, StoreResult};
+pub use faulty::{FaultConfig, FaultyStore};
+pub use fs::FsStore;
+pub use key::{InvalidKey, ObjectKey};
+pub use memory::MemoryStore;
+pub use s3::{S3Config, S3Options, S3Store, StaticCredentials};
+pub use url::{InvalidStoreUrl, StoreUrl};
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio_util::sync::CancellationToken;
+
+/// What [`ObjectStore::head`] and [`ObjectStore::list`] know about one stored object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    /// The object's key.
+    pub key: ObjectKey,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// The outcome of a create-if-absent write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// This call created the object.
+    Created,
+    /// An object with that key already existed; nothing was written.
+    AlreadyExists,
+}
+
+/// Immutable object storage: the only way Ferry's repository reaches its bytes.
+///
+/// Every call takes a [`CancellationToken`]; a cancelled call returns
+/// [`StoreError::Cancelled`] promptly and leaves no partial object visible.
+#[async_trait]
+pub trait ObjectStore: Send + Sync + std::fmt::Debug {
+    /// Writes `data` under `key` unless an object with that key exists (atomic
+    /// create-if-absent: of two racing writers exactly one sees [`PutOutcome::Created`]).
+    /// A reader never observes a partially written object.
+    ///
+    /// # Errors
+    /// Storage failures, cancellation.
+    async fn put_if_absent(
+        &self,
+        key: &ObjectKey,
+        data: Bytes,
+        cancel: &CancellationToken,
+    ) -> StoreResult<PutOutcome>;
+
+    /// Reads a whole object.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when the key does not exist; storage failures, cancellation.
+    async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes>;
+
+    /// Reads `len` bytes starting at `offset`. A range reaching past the end is an error
+    /// ([`StoreError::RangeOutOfBounds`]), never a short read.
+    ///
+    /// # Errors
+    /// As [`ObjectStore::get`], plus a range outside the object.
+    async fn get_range(
+        &self,
+        key: &ObjectKey,
+        offset: u64,
+        len: u64,
+        cancel: &CancellationToken,
+    ) -> StoreResult<Bytes>;
+
+    /// Size of an object, or `None` when it does not exist.
+    ///
+    /// # Errors
+    /// Storage failures, cancellation.
+    async fn head(&self, key: &ObjectKey, cancel: &CancellationToken)
+    -> StoreResult<Option<ObjectMeta>>;
+
+    /// Every object whose key starts with `prefix` (a plain string prefix of the key text),
+    /// in lexicographic key order.
+    ///
+    /// # Errors
+    /// Storage failures, cancellation.
+    async fn list(&self, prefix: &str, cancel: &CancellationToken) -> StoreResult<Vec<ObjectMeta>>;
+
+    /// Deletes an object. Deleting a key that does not exist succeeds.
+    ///
+    /// # Errors
+    /// Storage failures, cancellation.
+    async fn delete(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<()>;
+}
+
+/// A shared store is a store: lets callers hold `Arc<S>` (or `Arc<dyn ObjectStore>`).
+#[async_trait]
+impl<T: ObjectStore + ?Sized> ObjectStore for Arc<T> {
+    async fn put_if_absent(
+        &self,
+        key: &ObjectKey,
+        data: Bytes,
+        cancel: &CancellationToken,
+    ) -> StoreResult<PutOutcome> {
+        (**self).put_if_absent(key, data, cancel).await
+    }
+
+    async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes> {
+        (**self).get(key, cancel).await
+    }
+
+    async fn get_range(
+        &self,
+        key: &ObjectKey,
+        offset: u64,
+        len: u64,
+        cancel: &CancellationToken,
+    ) -> StoreResult<Bytes> {
+        (**self).get_range(key, offset, len, cancel).await
+    }
+
+    async fn head(
+        &self,
+        key: &ObjectKey,
+        cancel: &CancellationToken,
+    ) -> StoreResult<Option<ObjectMeta>> {
+        (**self).head(key, cancel).await
+    }
+
+    async fn list(&self, prefix: &str, cancel: &CancellationToken) -> StoreResult<Vec<ObjectMeta>> {
+        (**self).list(prefix, cancel).await
+    }
+
+    async fn delete(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<()> {
+        (**self).delete(key, cancel).await
+    }
+}

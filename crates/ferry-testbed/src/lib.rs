@@ -1,0 +1,19 @@
+//! Test support for Ferry: real services on loopback, always cleaned up.
+//!
+//! - [`ControlPlane`]: etcd + kube-apiserver built from the Go module proxy (cached under
+//!   `~/.cache/ferry`), with Velero's and the CSI snapshotter's real CRDs from the shared
+//!   fixtures installed and the `velero` namespace created. [`ControlPlane::shared`] starts one
+//!   per test binary; tests isolate themselves with [`ControlPlane::unique_namespace`].
+//! - [`S3Server`]: moto's S3 server on a free port.
+//!
+//! Every process is started through [`process::spawn`], so it dies with the test binary even
+//! when a test panics or the binary is killed.
+
+mod control_plane;
+pub mod crds;
+mod moto;
+pub mod paths;
+pub mod process;
+
+pub use control_plane::{ControlPlane, VELERO_NAMESPACE};
+pub use moto::S3Server;
