@@ -182,6 +182,18 @@ impl ControlPlane {
         &self.kubeconfig
     }
 
+    /// The folder holding the services' data, logs and credentials.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// PIDs of etcd and the API server.
+    #[must_use]
+    pub fn pids(&self) -> Vec<u32> {
+        vec![self.etcd.pid(), self.apiserver.pid()]
+    }
+
     /// The API server's URL.
     #[must_use]
     pub fn url(&self) -> &str {

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what Ferry's build, tests and demo need on a fresh machine, from the package
+# registries only. Idempotent: a prepared machine passes through in a second.
+set -euo pipefail
+log() { printf 'setup: %s\n' "$*" >&2; }
+
+need_apt=()
+command -v openssl >/dev/null || need_apt+=(openssl)
+command -v mkfs.ext4 >/dev/null || need_apt+=(e2fsprogs)
+command -v losetup >/dev/null || need_apt+=(mount)
+command -v setfattr >/dev/null || need_apt+=(attr)
+if ((${#need_apt[@]})); then
+  log "installing ${need_apt[*]} from Debian"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if ! command -v moto_server >/dev/null; then
+  log "installing moto (S3 server for tests) from PyPI"
+  python3 -m pip install --quiet 'moto[server]==5.2.1'
+fi
+
+command -v cargo >/dev/null || { log "cargo is missing: install Rust (rustup) first"; exit 1; }
+command -v go >/dev/null || { log "go is missing: install Go first"; exit 1; }
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+
+log "building the test control plane (cached after the first run)"
+scripts/build-control-plane.sh >/dev/null
+log "ready"
