@@ -70,9 +70,7 @@ impl ObjectKey {
         !segment.is_empty()
             && segment != "."
             && segment != ".."
-            && segment
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+            && segment.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
     }
 }
 
@@ -148,7 +146,11 @@ mod tests {
     #[test]
     fn segment_check_matches_key_check() {
         for s in ["a", ".tmp", "a.b", "..", ".", "", "a~", "a/b", "A-9_z"] {
-            assert_eq!(ObjectKey::is_valid_segment(s), !s.contains('/') && ObjectKey::new(s).is_ok(), "{s:?}");
+            assert_eq!(
+                ObjectKey::is_valid_segment(s),
+                !s.contains('/') && ObjectKey::new(s).is_ok(),
+                "{s:?}"
+            );
         }
     }
 

@@ -14,8 +14,9 @@
 //! [`AnyStore`] holds any of them (backends are chosen by an enum, not `dyn`), and
 //! [`StoreUrl`] parses `file:///path` and `s3://bucket/prefix` locations.
 //!
-//! Retries live inside the backends that need them ([`S3Store`]; see its module docs), so
-//! every error a caller sees has already been retried where retrying could help.
+//! Retries live inside the backend that needs them ([`S3Store`], bounded by
+//! [`S3Options::max_attempts`]), so an error a caller sees has already been retried where
+//! retrying could help; there is no retrying wrapper on top.
 //!
 //! This crate knows nothing of Kubernetes, gRPC or the repository format.
 //!
@@ -122,8 +123,11 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     ///
     /// # Errors
     /// Storage failures, cancellation.
-    async fn head(&self, key: &ObjectKey, cancel: &CancellationToken)
-    -> StoreResult<Option<ObjectMeta>>;
+    async fn head(
+        &self,
+        key: &ObjectKey,
+        cancel: &CancellationToken,
+    ) -> StoreResult<Option<ObjectMeta>>;
 
     /// Every object whose key starts with `prefix` (a plain string prefix of the key text),
     /// in lexicographic key order.

@@ -1,0 +1,214 @@
+//! Settings of the S3 backend and the SDK client built from them.
+
+use std::fmt;
+use std::time::Duration;
+
+use aws_sdk_s3::config::retry::RetryConfig;
+use aws_sdk_s3::config::timeout::TimeoutConfig;
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+
+use crate::{StoreError, StoreResult};
+
+/// S3's smallest part size for every part but the last.
+pub(super) const MIN_PART_SIZE: u64 = 5 << 20;
+/// S3's largest part size.
+const MAX_PART_SIZE: u64 = 5 << 30;
+/// Region used when none is configured and the environment names none.
+const FALLBACK_REGION: &str = "us-east-1";
+
+/// Where a store lives in S3, and how to reach it.
+#[derive(Debug, Clone)]
+pub struct S3Config {
+    /// The bucket.
+    pub bucket: String,
+    /// Key prefix inside the bucket (`ferry/cluster-a`); empty for the bucket's root. Leading
+    /// and trailing `/` are ignored.
+    pub prefix: String,
+    /// Endpoint, credentials and tuning.
+    pub options: S3Options,
+}
+
+impl S3Config {
+    /// A store at `bucket`/`prefix` with default options.
+    #[must_use]
+    pub fn new(bucket: impl Into<String>, prefix: impl Into<String>) -> Self {
+        Self { bucket: bucket.into(), prefix: prefix.into(), options: S3Options::default() }
+    }
+}
+
+/// How to reach S3 and how to use it; everything but the bucket and prefix.
+#[derive(Debug, Clone)]
+pub struct S3Options {
+    /// A custom endpoint (`http://127.0.0.1:9000`, an S3-compatible service); `None` for AWS.
+    pub endpoint: Option<String>,
+    /// The region; `None` takes it from the environment (`AWS_REGION`, profile), else
+    /// `us-east-1`.
+    pub region: Option<String>,
+    /// Address buckets as `endpoint/bucket` rather than `bucket.endpoint` (most S3-compatible
+    /// services need this).
+    pub force_path_style: bool,
+    /// Fixed credentials; `None` uses the standard AWS credential chain (environment,
+    /// profile, web identity, container and instance metadata).
+    pub credentials: Option<StaticCredentials>,
+    /// Objects larger than this are uploaded in parts.
+    pub multipart_threshold: u64,
+    /// Size of each part of a multipart upload (at least 5 MiB, S3's minimum); grown for
+    /// objects that would otherwise need more than 10,000 parts.
+    pub part_size: u64,
+    /// Parts uploaded at once.
+    pub part_concurrency: usize,
+    /// Keys asked for per `ListObjectsV2` page; `None` leaves S3's default of 1,000.
+    pub list_page_size: Option<u32>,
+    /// Attempts per request, the first included (SDK standard retry mode).
+    pub max_attempts: u32,
+    /// First retry delay; later ones double up to `max_backoff`, each drawn with full jitter.
+    pub initial_backoff: Duration,
+    /// Longest retry delay.
+    pub max_backoff: Duration,
+    /// Limit for establishing a connection.
+    pub connect_timeout: Duration,
+    /// Limit from sending a request until the first byte of its response.
+    pub read_timeout: Duration,
+}
+
+impl Default for S3Options {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            region: None,
+            force_path_style: false,
+            credentials: None,
+            multipart_threshold: 16 << 20,
+            part_size: 8 << 20,
+            part_concurrency: 4,
+            list_page_size: None,
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            read_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// An access key pair. `Debug` shows the key id only.
+#[derive(Clone)]
+pub struct StaticCredentials {
+    /// Access key id.
+    pub access_key_id: String,
+    /// Secret access key.
+    pub secret_access_key: String,
+    /// Session token of temporary credentials.
+    pub session_token: Option<String>,
+}
+
+impl fmt::Debug for StaticCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StaticCredentials")
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &"<redacted>")
+            .field("session_token", &self.session_token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// The key prefix as stored: no leading `/`, and a trailing `/` unless empty.
+pub(super) fn normalized_prefix(prefix: &str) -> String {
+    let trimmed = prefix.trim_matches('/');
+    if trimmed.is_empty() { String::new() } else { format!("{trimmed}/") }
+}
+
+/// Rejects settings S3 cannot work with.
+pub(super) fn validate(config: &S3Config) -> StoreResult<()> {
+    let o = &config.options;
+    let invalid = |message: String| {
+        Err(StoreError::InvalidConfig { location: format!("bucket {}", config.bucket), message })
+    };
+    if config.bucket.is_empty() || config.bucket.contains('/') {
+        return invalid(format!("bucket name {:?} is empty or holds `/`", config.bucket));
+    }
+    if !(MIN_PART_SIZE..=MAX_PART_SIZE).contains(&o.part_size) {
+        return invalid(format!("part size {} outside 5 MiB..=5 GiB", o.part_size));
+    }
+    if o.part_concurrency == 0 || o.max_attempts == 0 || o.list_page_size == Some(0) {
+        return invalid("part concurrency, attempts and list page size must be positive".into());
+    }
+    Ok(())
+}
+
+/// Builds the SDK client: standard retry mode (exponential backoff with full jitter, bounded
+/// attempts, throttling, 5xx, timeouts and connection failures retried) and the configured
+/// timeouts.
+pub(super) async fn client(options: &S3Options) -> aws_sdk_s3::Client {
+    let retry = RetryConfig::standard()
+        .with_max_attempts(options.max_attempts)
+        .with_initial_backoff(options.initial_backoff)
+        .with_max_backoff(options.max_backoff);
+    let timeouts = TimeoutConfig::builder()
+        .connect_timeout(options.connect_timeout)
+        .read_timeout(options.read_timeout)
+        .build();
+    let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .retry_config(retry)
+        .timeout_config(timeouts);
+    // A custom endpoint rarely cares about the region; don't probe instance metadata for one.
+    match (&options.region, &options.endpoint) {
+        (Some(region), _) => loader = loader.region(Region::new(region.clone())),
+        (None, Some(_)) => loader = loader.region(Region::from_static(FALLBACK_REGION)),
+        (None, None) => {}
+    }
+    if let Some(c) = &options.credentials {
+        loader = loader.credentials_provider(Credentials::new(
+            c.access_key_id.clone(),
+            c.secret_access_key.clone(),
+            c.session_token.clone(),
+            None,
+            "ferry-static",
+        ));
+    }
+    let shared = loader.load().await;
+    let mut builder =
+        aws_sdk_s3::config::Builder::from(&shared).force_path_style(options.force_path_style);
+    if shared.region().is_none() {
+        builder = builder.region(Region::from_static(FALLBACK_REGION));
+    }
+    if let Some(endpoint) = &options.endpoint {
+        builder = builder.endpoint_url(endpoint.clone());
+    }
+    aws_sdk_s3::Client::from_conf(builder.build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_are_normalized() {
+        assert_eq!(normalized_prefix(""), "");
+        assert_eq!(normalized_prefix("/"), "");
+        assert_eq!(normalized_prefix("a/b"), "a/b/");
+        assert_eq!(normalized_prefix("/a/b/"), "a/b/");
+    }
+
+    #[test]
+    fn bad_settings_are_rejected() {
+        let mut config = S3Config::new("bucket", "");
+        assert!(validate(&config).is_ok());
+        config.options.part_size = 1 << 20;
+        assert!(matches!(validate(&config), Err(StoreError::InvalidConfig { .. })));
+        let config = S3Config::new("a/b", "");
+        assert!(validate(&config).is_err());
+    }
+
+    #[test]
+    fn debug_hides_secrets() {
+        let creds = StaticCredentials {
+            access_key_id: "AKIDEXAMPLE".into(),
+            secret_access_key: "very-secret".into(),
+            session_token: Some("token-secret".into()),
+        };
+        let shown = format!("{creds:?}");
+        assert!(shown.contains("AKIDEXAMPLE"));
+        assert!(!shown.contains("very-secret") && !shown.contains("token-secret"));
+    }
+}

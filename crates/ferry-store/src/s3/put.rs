@@ -1,0 +1,234 @@
+//! Conditional writes: `PutObject` for small objects, a multipart upload for large ones, both
+//! with `If-None-Match: *` (see the module docs of `s3` for the atomicity argument).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use tokio_util::sync::CancellationToken;
+
+use super::retry::Backoff;
+use super::{Inner, errors};
+use crate::cancel::until_cancelled;
+use crate::{ObjectKey, PutOutcome, StoreResult};
+
+/// Most parts S3 accepts in one upload.
+const MAX_PARTS: u64 = 10_000;
+/// Limit for aborting a failed upload, which runs even after cancellation.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub(super) async fn put_if_absent(
+    inner: &Inner,
+    key: &ObjectKey,
+    data: Bytes,
+    cancel: &CancellationToken,
+) -> StoreResult<PutOutcome> {
+    if data.len() as u64 <= inner.options.multipart_threshold {
+        return until_cancelled(cancel, inner.put_single(key, data)).await;
+    }
+    // Uploading many MiB only to learn the key exists is wasteful; the condition on
+    // completion still decides races.
+    if until_cancelled(cancel, inner.head(key)).await?.is_some() {
+        return Ok(PutOutcome::AlreadyExists);
+    }
+    let upload_id = until_cancelled(cancel, inner.create_upload(key)).await?;
+    let result = until_cancelled(cancel, inner.upload_and_complete(key, &upload_id, data)).await;
+    if !matches!(result, Ok(PutOutcome::Created)) {
+        inner.abort_upload(key, &upload_id).await;
+    }
+    result
+}
+
+/// How a conditional write was refused.
+enum Refusal {
+    /// 412: an object has the key.
+    Exists,
+    /// 409: another conditional write on the key is in flight; S3 asks for a retry.
+    Conflict,
+    Other,
+}
+
+fn refusal<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> Refusal {
+    match (errors::status(err), errors::code(err)) {
+        (Some(412), _) | (_, Some("PreconditionFailed")) => Refusal::Exists,
+        (Some(409), Some("ConditionalRequestConflict")) => Refusal::Conflict,
+        _ => Refusal::Other,
+    }
+}
+
+impl Inner {
+    async fn put_single(&self, key: &ObjectKey, data: Bytes) -> StoreResult<PutOutcome> {
+        let mut backoff = Backoff::new(&self.options);
+        loop {
+            let result = self
+                .client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(self.s3_key(key))
+                .if_none_match("*")
+                .body(ByteStream::from(data.clone()))
+                .send()
+                .await;
+            let err = match result {
+                Ok(_) => {
+                    self.bucket_seen.store(true, Ordering::Relaxed);
+                    return Ok(PutOutcome::Created);
+                }
+                Err(err) => err,
+            };
+            match refusal(&err) {
+                Refusal::Exists => return Ok(PutOutcome::AlreadyExists),
+                Refusal::Conflict if backoff.pause().await => {}
+                _ => return Err(self.site().error(format!("put {key}"), None, err)),
+            }
+        }
+    }
+
+    async fn create_upload(&self, key: &ObjectKey) -> StoreResult<String> {
+        let out = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(self.s3_key(key))
+            .send()
+            .await
+            .map_err(|e| self.site().error(format!("start upload of {key}"), None, e))?;
+        out.upload_id.ok_or_else(|| {
+            self.backend_error(format!("start upload of {key}"), "no upload id returned")
+        })
+    }
+
+    async fn upload_and_complete(
+        &self,
+        key: &ObjectKey,
+        upload_id: &str,
+        data: Bytes,
+    ) -> StoreResult<PutOutcome> {
+        let part_size = part_size(data.len() as u64, self.options.part_size);
+        let bodies = (0..data.len())
+            .step_by(part_size)
+            .map(|start| data.slice(start..data.len().min(start + part_size)));
+        let parts: Vec<CompletedPart> = futures::stream::iter((1..).zip(bodies))
+            .map(|(number, body)| self.upload_part(key, upload_id, number, body))
+            .buffered(self.options.part_concurrency)
+            .try_collect()
+            .await?;
+        let parts = CompletedMultipartUpload::builder().set_parts(Some(parts)).build();
+        let mut backoff = Backoff::new(&self.options);
+        loop {
+            let result = self
+                .client
+                .complete_multipart_upload()
+                .bucket(&self.bucket)
+                .key(self.s3_key(key))
+                .upload_id(upload_id)
+                .multipart_upload(parts.clone())
+                .if_none_match("*")
+                .send()
+                .await;
+            let err = match result {
+                Ok(_) => return Ok(PutOutcome::Created),
+                Err(err) if completed_with_odd_body(&err) => {
+                    tracing::debug!(key = %key, "upload completed; result body named its root unusually");
+                    return Ok(PutOutcome::Created);
+                }
+                Err(err) => err,
+            };
+            match refusal(&err) {
+                Refusal::Exists => return Ok(PutOutcome::AlreadyExists),
+                Refusal::Conflict if backoff.pause().await => {}
+                _ => return Err(self.site().error(format!("complete upload of {key}"), None, err)),
+            }
+        }
+    }
+
+    async fn upload_part(
+        &self,
+        key: &ObjectKey,
+        upload_id: &str,
+        number: i32,
+        body: Bytes,
+    ) -> StoreResult<CompletedPart> {
+        let operation = || format!("upload part {number} of {key}");
+        let out = self
+            .client
+            .upload_part()
+            .bucket(&self.bucket)
+            .key(self.s3_key(key))
+            .upload_id(upload_id)
+            .part_number(number)
+            .body(ByteStream::from(body))
+            .send()
+            .await
+            .map_err(|e| self.site().error(operation(), None, e))?;
+        let e_tag = out.e_tag.ok_or_else(|| self.backend_error(operation(), "no ETag returned"))?;
+        Ok(CompletedPart::builder().part_number(number).e_tag(e_tag).build())
+    }
+
+    /// Aborts an unfinished upload so its parts stop costing storage. Failure is logged, not
+    /// returned: the caller's own outcome matters more, and the parts are invisible anyway.
+    async fn abort_upload(&self, key: &ObjectKey, upload_id: &str) {
+        let request = self
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(self.s3_key(key))
+            .upload_id(upload_id)
+            .send();
+        match tokio::time::timeout(ABORT_TIMEOUT, request).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                let error = self.site().error(format!("abort upload of {key}"), None, e);
+                tracing::warn!(%error, upload_id, "multipart upload left for the bucket lifecycle rule");
+            }
+            Err(_) => tracing::warn!(key = %key, upload_id, "aborting multipart upload timed out"),
+        }
+    }
+}
+
+/// Whether a `CompleteMultipartUpload` the SDK could not parse did succeed: status 200, no
+/// error code (S3's "200 with an `<Error>` body" is parsed as an error with a code), and a
+/// result document that only names its root element differently — some S3-compatible
+/// servers (moto among them) answer `<CompleteMultipartUploadResponse>` where AWS answers
+/// `<CompleteMultipartUploadResult>`, which the SDK rejects. A body cut short (no closing
+/// root element) does not count: that outcome is unknown and is reported as a failure.
+fn completed_with_odd_body<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> bool {
+    let Some(body) = err.raw_response().and_then(|r| r.body().bytes()) else {
+        return false;
+    };
+    let Ok(text) = std::str::from_utf8(body) else {
+        return false;
+    };
+    let text = text.trim();
+    errors::status(err) == Some(200)
+        && errors::code(err).is_none()
+        && text.contains("<CompleteMultipartUploadResponse")
+        && text.contains("</ETag>")
+        && text.ends_with("</CompleteMultipartUploadResponse>")
+}
+
+/// The part size for an object of `len` bytes: `preferred`, grown so no more than 10,000
+/// parts are needed.
+fn part_size(len: u64, preferred: u64) -> usize {
+    let size = preferred.max(len.div_ceil(MAX_PARTS));
+    usize::try_from(size).unwrap_or(usize::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_size_grows_to_stay_within_the_part_limit() {
+        assert_eq!(part_size(100 << 20, 8 << 20), 8 << 20);
+        let huge = 200u64 << 30;
+        let size = part_size(huge, 8 << 20) as u64;
+        assert!(huge.div_ceil(size) <= MAX_PARTS);
+        assert!(size > 8 << 20);
+    }
+}

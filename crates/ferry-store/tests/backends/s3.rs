@@ -1,0 +1,239 @@
+//! The S3 store against a real moto server over HTTP.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_store::{
+    ObjectStore, PutOutcome, S3Config, S3Options, S3Store, StaticCredentials, StoreError,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::moto::{MotoServer, free_port};
+use crate::support::{admin_client, create_bucket, data, iam, key, s3_options, unique_bucket};
+
+/// Key prefix the contract stores use inside their bucket.
+const PREFIX: &str = "ferry/repo";
+
+/// A store in a fresh bucket, below [`PREFIX`], on the shared moto server.
+async fn fixture() -> (S3Store, Arc<MotoServer>) {
+    let moto = MotoServer::shared();
+    let bucket = unique_bucket();
+    create_bucket(&admin_client(&moto.endpoint()), &bucket).await;
+    let config = S3Config { bucket, prefix: PREFIX.into(), options: s3_options(&moto.endpoint()) };
+    let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+    (store, moto)
+}
+
+/// moto's `If-None-Match: *` is a check followed by a write without a lock, so racing
+/// creates on moto can all succeed (verified: three concurrent conditional
+/// `CompleteMultipartUpload`s of one key all return 200). AWS S3 performs the check and the
+/// write atomically; that half of the racing cases cannot be tested on moto.
+mod contract {
+    crate::contract_tests!(super::fixture, non_atomic_conditional_writes);
+}
+
+fn live() -> CancellationToken {
+    CancellationToken::new()
+}
+
+async fn pending_uploads(client: &aws_sdk_s3::Client, bucket: &str) -> usize {
+    let out = client.list_multipart_uploads().bucket(bucket).send().await;
+    out.unwrap_or_else(|e| panic!("{}", aws_sdk_s3::error::DisplayErrorContext(e))).uploads().len()
+}
+
+/// Polls (bounded) until an upload is in progress in `bucket`.
+async fn wait_for_upload(client: &aws_sdk_s3::Client, bucket: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pending_uploads(client, bucket).await == 0 {
+        assert!(Instant::now() < deadline, "no multipart upload started");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test]
+async fn large_objects_go_up_in_parts_below_the_prefix() {
+    let (store, moto) = fixture().await;
+    let client = admin_client(&moto.endpoint());
+    let k = key("packs/p1");
+    let outcome = store.put_if_absent(&k, data((11 << 20) + 1, 4), &live()).await;
+    assert!(matches!(outcome, Ok(PutOutcome::Created)), "{outcome:?}");
+    let head =
+        client.head_object().bucket(store.bucket()).key(format!("{PREFIX}/packs/p1")).send().await;
+    let e_tag = head.ok().and_then(|h| h.e_tag).unwrap_or_default();
+    // A multipart object's ETag ends in `-<number of parts>`.
+    assert!(e_tag.trim_matches('"').ends_with("-3"), "ETag {e_tag}");
+    assert_eq!(pending_uploads(&client, store.bucket()).await, 0);
+}
+
+#[tokio::test]
+async fn prefix_isolates_stores_and_foreign_objects_are_skipped() {
+    let (store, moto) = fixture().await;
+    let client = admin_client(&moto.endpoint());
+    let mut other_config = S3Config::new(store.bucket(), "ferry/other");
+    other_config.options = s3_options(&moto.endpoint());
+    let other = S3Store::new(other_config).await.unwrap_or_else(|e| panic!("{e}"));
+    store
+        .put_if_absent(&key("config"), "mine".into(), &live())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    for foreign in
+        [format!("{PREFIX}/bad key"), format!("{PREFIX}/a//b"), "ferry/repository".into()]
+    {
+        let put =
+            client.put_object().bucket(store.bucket()).key(&foreign).body(Vec::from("f").into());
+        put.send()
+            .await
+            .unwrap_or_else(|e| panic!("{}", aws_sdk_s3::error::DisplayErrorContext(e)));
+    }
+    let listed = store.list("", &live()).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(listed.iter().map(|m| m.key.as_str()).collect::<Vec<_>>(), ["config"]);
+    assert!(other.list("", &live()).await.ok().is_some_and(|l| l.is_empty()));
+    assert!(other.head(&key("config"), &live()).await.ok().flatten().is_none());
+    assert_eq!(
+        other.put_if_absent(&key("config"), "theirs".into(), &live()).await.ok(),
+        Some(PutOutcome::Created)
+    );
+    assert_eq!(store.get(&key("config"), &live()).await.ok().as_deref(), Some(&b"mine"[..]));
+}
+
+/// Another writer creates the key while our multipart upload is in flight: the conditional
+/// `CompleteMultipartUpload` refuses, the other object stays, our upload is aborted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditional_complete_loses_to_an_earlier_writer() {
+    let moto = MotoServer::shared();
+    let client = admin_client(&moto.endpoint());
+    let bucket = unique_bucket();
+    create_bucket(&client, &bucket).await;
+    let mut config = S3Config::new(&bucket, "");
+    config.options = S3Options { part_concurrency: 1, ..s3_options(&moto.endpoint()) };
+    let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let k = key("leases/big");
+    let writer = {
+        let (store, k) = (store.clone(), k.clone());
+        tokio::spawn(async move { store.put_if_absent(&k, data(40 << 20, 1), &live()).await })
+    };
+    wait_for_upload(&client, &bucket).await;
+    let put = client.put_object().bucket(&bucket).key("leases/big").body(Vec::from("other").into());
+    put.send().await.unwrap_or_else(|e| panic!("{}", aws_sdk_s3::error::DisplayErrorContext(e)));
+    let outcome = writer.await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(outcome, Ok(PutOutcome::AlreadyExists)), "{outcome:?}");
+    assert_eq!(store.get(&k, &live()).await.ok().as_deref(), Some(&b"other"[..]));
+    assert_eq!(pending_uploads(&client, &bucket).await, 0, "upload not aborted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_during_multipart_upload_aborts_it() {
+    let (store, moto) = fixture().await;
+    let client = admin_client(&moto.endpoint());
+    let k = key("packs/cancelled");
+    let cancel = CancellationToken::new();
+    let writer = {
+        let (store, k, cancel) = (store.clone(), k.clone(), cancel.clone());
+        tokio::spawn(async move { store.put_if_absent(&k, data(40 << 20, 2), &cancel).await })
+    };
+    wait_for_upload(&client, store.bucket()).await;
+    cancel.cancel();
+    let outcome = writer.await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(outcome, Err(StoreError::Cancelled)), "{outcome:?}");
+    assert!(store.head(&k, &live()).await.ok().flatten().is_none());
+    assert_eq!(pending_uploads(&client, store.bucket()).await, 0, "upload not aborted");
+}
+
+#[tokio::test]
+async fn missing_bucket_is_location_missing() {
+    let moto = MotoServer::shared();
+    let mut config = S3Config::new("ferry-no-such-bucket", "x");
+    config.options = s3_options(&moto.endpoint());
+    let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let k = key("config");
+    let missing = |what: &str, r: Result<(), StoreError>| match r {
+        Err(StoreError::LocationMissing { location }) => {
+            assert!(location.contains("ferry-no-such-bucket"), "{what}: {location}");
+        }
+        other => panic!("{what}: expected LocationMissing, got {other:?}"),
+    };
+    missing("put", store.put_if_absent(&k, "x".into(), &live()).await.map(drop));
+    missing("multipart put", store.put_if_absent(&k, data(7 << 20, 0), &live()).await.map(drop));
+    missing("get", store.get(&k, &live()).await.map(drop));
+    missing("get_range", store.get_range(&k, 0, 1, &live()).await.map(drop));
+    missing("head", store.head(&k, &live()).await.map(drop));
+    missing("list", store.list("", &live()).await.map(drop));
+    missing("delete", store.delete(&k, &live()).await);
+    missing("check_bucket", store.check_bucket(&live()).await);
+}
+
+/// Nothing listens on the port: every call fails as `Unavailable` naming the endpoint, after
+/// the configured (bounded) attempts.
+#[tokio::test]
+async fn unreachable_endpoint_is_unavailable() {
+    let endpoint = format!("http://127.0.0.1:{}", free_port());
+    let mut config = S3Config::new("bucket", "");
+    config.options = s3_options(&endpoint);
+    let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let unavailable = |what: &str, r: Result<(), StoreError>| match r {
+        Err(e @ StoreError::Unavailable { .. }) => {
+            assert!(e.is_retryable());
+            assert!(e.to_string().contains(&endpoint), "{what}: {e}");
+        }
+        other => panic!("{what}: expected Unavailable, got {other:?}"),
+    };
+    unavailable("put", store.put_if_absent(&key("k"), "x".into(), &live()).await.map(drop));
+    unavailable("get", store.get(&key("k"), &live()).await.map(drop));
+    unavailable("list", store.list("", &live()).await.map(drop));
+}
+
+/// moto in authenticating mode checks SigV4 signatures against its IAM keys and IAM
+/// policies against actions, so each kind of credential failure is real here.
+#[tokio::test]
+async fn rejected_credentials_are_access_denied() {
+    let moto = MotoServer::start(&[]);
+    let bucket = unique_bucket();
+    create_bucket(&admin_client(&moto.endpoint()), &bucket).await;
+    let user = iam::create_user_without_policy(moto.addr(), "ferry-no-rights");
+    iam::enable_auth(moto.addr());
+    let attempts = [
+        ("unknown key id", "AKIAFERRYUNKNOWN0000", "whatever", "InvalidAccessKeyId"),
+        ("wrong secret", user.id.as_str(), "not-the-secret", "SignatureDoesNotMatch"),
+        ("no permission", user.id.as_str(), user.secret.as_str(), "AccessDenied"),
+    ];
+    for (what, id, secret, code) in attempts {
+        let mut config = S3Config::new(&bucket, "");
+        config.options = s3_options(&moto.endpoint());
+        config.options.credentials = Some(StaticCredentials {
+            access_key_id: id.into(),
+            secret_access_key: secret.into(),
+            session_token: None,
+        });
+        let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+        for (op, result) in [
+            ("put", store.put_if_absent(&key("k"), "x".into(), &live()).await.map(drop)),
+            ("list", store.list("", &live()).await.map(drop)),
+        ] {
+            match result {
+                Err(StoreError::AccessDenied { location, message }) => {
+                    assert!(location.contains(&bucket), "{what} {op}: {location}");
+                    assert!(message.contains(code), "{what} {op}: {message}");
+                }
+                other => panic!("{what} {op}: expected AccessDenied, got {other:?}"),
+            }
+        }
+    }
+}
+
+/// The store's listing really crosses pages here: moto honours the small page size the
+/// tests configure, so `list` must follow continuation tokens to see everything.
+#[tokio::test]
+async fn listing_follows_continuation_tokens() {
+    let (store, moto) = fixture().await;
+    for i in 0..20 {
+        let outcome = store.put_if_absent(&key(&format!("idx/{i:03}")), "x".into(), &live()).await;
+        assert!(matches!(outcome, Ok(PutOutcome::Created)), "{outcome:?}");
+    }
+    let client = admin_client(&moto.endpoint());
+    let first = client.list_objects_v2().bucket(store.bucket()).max_keys(7).send().await;
+    let first = first.unwrap_or_else(|e| panic!("{}", aws_sdk_s3::error::DisplayErrorContext(e)));
+    assert_eq!((first.contents().len(), first.is_truncated()), (7, Some(true)));
+    let listed = store.list("idx/", &live()).await.unwrap_or_else(|e| panic!("{e}"));
+    let want: Vec<String> = (0..20).map(|i| format!("idx/{i:03}")).collect();
+    assert_eq!(listed.iter().map(|m| m.key.to_string()).collect::<Vec<_>>(), want);
+}
