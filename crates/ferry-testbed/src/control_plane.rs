@@ -173,6 +173,7 @@ impl ControlPlane {
     /// # Errors
     /// The client could not be built (no runtime, TLS setup).
     pub fn client(&self) -> anyhow::Result<kube::Client> {
+        install_crypto_provider();
         kube::Client::try_from(self.config()).context("building a kube client")
     }
 
@@ -220,6 +221,12 @@ impl ControlPlane {
             .with_context(|| format!("creating namespace {name}"))?;
         Ok(())
     }
+}
+
+/// Selects rustls' `ring` provider for the process. When a build links both of rustls'
+/// providers (aws-sdk-s3 brings aws-lc-rs, kube brings ring), rustls cannot choose one itself.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 fn rand_u32() -> u32 {

@@ -15,5 +15,5 @@ mod moto;
 pub mod paths;
 pub mod process;
 
-pub use control_plane::{ControlPlane, VELERO_NAMESPACE};
+pub use control_plane::{ControlPlane, VELERO_NAMESPACE, install_crypto_provider};
 pub use moto::S3Server;
