@@ -1,0 +1,174 @@
+//! The two seams the controllers drive: exposing a volume on some node, and moving its data.
+//!
+//! The controllers own the phases, the object lock, cancellation, timeouts and recovery; an
+//! [`Exposer`] makes a volume reachable on a node (for backups: the CSI snapshot handed to a
+//! backup PVC mounted by a pod; for restores: a restore PVC and pod, then the rebind), and a
+//! [`DataMover`] moves the bytes between that volume and the repository.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ferry_api::{DataDownload, DataUpload, NodeOs};
+use tokio_util::sync::CancellationToken;
+
+use crate::{ProgressSink, WorkError};
+
+/// What an exposer is told when asked to expose a volume.
+#[derive(Debug, Clone)]
+pub struct ExposeParams {
+    /// The node whose agent asks (the one that accepted the CR).
+    pub node: String,
+    /// The CR's `operationTimeout`: the bound on each of the exposer's own waits (snapshot
+    /// ready, PVC bound, pod running, deletions).
+    pub operation_timeout: Duration,
+    /// Fires when the CR is canceled or the agent stops; the exposer returns
+    /// [`WorkError::Canceled`] promptly.
+    pub cancel: CancellationToken,
+}
+
+/// Where an exposed volume ended up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exposed {
+    /// The node the cluster placed the volume on; that node's agent moves the data.
+    pub node: String,
+}
+
+/// Whether a volume is a file system or a raw block device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VolumeMode {
+    /// A mounted file system.
+    #[default]
+    Filesystem,
+    /// A block device.
+    Block,
+}
+
+/// An exposed volume as the data path sees it on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExposedVolume {
+    /// The node it is on.
+    pub node: String,
+    /// The mount directory (file system) or device node (block) on this node.
+    pub path: PathBuf,
+    /// File system or block.
+    pub mode: VolumeMode,
+    /// The node's operating system, reported in a DataUpload's `status.nodeOS`.
+    pub node_os: NodeOs,
+}
+
+/// Makes the volume of one kind of CR (`C` is [`DataUpload`] or [`DataDownload`]) reachable
+/// on a node, and removes what it created afterwards.
+///
+/// Every method must be idempotent: after an agent restart or a takeover by another node the
+/// controllers call them again for the same CR, and the exposer reuses what exists, repairs
+/// what is broken and reports where the volume is now.
+#[async_trait]
+pub trait Exposer<C: Send + Sync + 'static>: Send + Sync + 'static {
+    /// Exposes the volume the CR names and returns the node it landed on. Waits (bounded by
+    /// `params.operation_timeout`) until it is placed, not until it is usable on the node.
+    ///
+    /// # Errors
+    /// [`WorkError::Canceled`] when `params.cancel` fired; [`WorkError::Failed`] with the
+    /// cluster's reason otherwise (missing snapshot, unusable storage class, failed pod).
+    async fn expose(&self, cr: &C, params: &ExposeParams) -> Result<Exposed, WorkError>;
+
+    /// The exposed volume if it is ready on `node`, `None` if it is not there (yet).
+    ///
+    /// # Errors
+    /// [`WorkError::Failed`] when the volume can never become ready (the pod failed).
+    async fn locate(&self, cr: &C, node: &str) -> Result<Option<ExposedVolume>, WorkError>;
+
+    /// Runs after the data moved successfully and before the CR is Completed (restores
+    /// rebind the restored volume to the target PVC here). The default does nothing.
+    ///
+    /// # Errors
+    /// [`WorkError::Failed`] fails the CR with the reason.
+    async fn finish(
+        &self,
+        cr: &C,
+        volume: &ExposedVolume,
+        operation_timeout: Duration,
+    ) -> Result<(), WorkError> {
+        let _ = (cr, volume, operation_timeout);
+        Ok(())
+    }
+
+    /// Removes everything `expose` created. Called after every terminal phase, also for CRs
+    /// that were never exposed; must succeed when there is nothing to remove.
+    ///
+    /// # Errors
+    /// [`WorkError::Failed`]; the agent retries later and keeps the CR's finalizer meanwhile.
+    async fn cleanup(&self, cr: &C, operation_timeout: Duration) -> Result<(), WorkError>;
+}
+
+/// What a backup produced, written to the DataUpload's status.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BackupOutcome {
+    /// The snapshot's ID in the repository (`status.snapshotID`).
+    pub snapshot_id: String,
+    /// The volume's size in bytes (`status.progress.totalBytes`).
+    pub total_bytes: u64,
+    /// Bytes new to the repository (`status.incrementalBytes`).
+    pub incremental_bytes: u64,
+    /// Mover-specific results (`status.dataMoverResult`), handed to the restore.
+    pub data_mover_result: BTreeMap<String, String>,
+}
+
+/// What a restore produced.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RestoreOutcome {
+    /// Bytes restored (`status.progress.totalBytes`).
+    pub total_bytes: u64,
+}
+
+/// Moves data between an exposed volume and the repository.
+///
+/// Both calls report progress through the [`ProgressSink`] and return
+/// [`WorkError::Canceled`] promptly once `cancel` fires. A call for a CR whose earlier call
+/// was interrupted (agent restart, takeover) should resume from what the repository holds.
+#[async_trait]
+pub trait DataMover: Send + Sync + 'static {
+    /// Backs up `volume` for the DataUpload `du`.
+    ///
+    /// # Errors
+    /// [`WorkError::Canceled`] or [`WorkError::Failed`] with the cause.
+    async fn backup(
+        &self,
+        du: &DataUpload,
+        volume: &ExposedVolume,
+        progress: ProgressSink,
+        cancel: CancellationToken,
+    ) -> Result<BackupOutcome, WorkError>;
+
+    /// Restores the DataDownload's snapshot into `volume`.
+    ///
+    /// # Errors
+    /// [`WorkError::Canceled`] or [`WorkError::Failed`] with the cause.
+    async fn restore(
+        &self,
+        dd: &DataDownload,
+        volume: &ExposedVolume,
+        progress: ProgressSink,
+        cancel: CancellationToken,
+    ) -> Result<RestoreOutcome, WorkError>;
+}
+
+/// The backends one agent drives.
+#[derive(Clone)]
+pub struct Backends {
+    /// Exposes DataUploads' snapshots.
+    pub upload_exposer: Arc<dyn Exposer<DataUpload>>,
+    /// Exposes DataDownloads' target volumes.
+    pub download_exposer: Arc<dyn Exposer<DataDownload>>,
+    /// Moves the data both ways.
+    pub mover: Arc<dyn DataMover>,
+}
+
+impl std::fmt::Debug for Backends {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backends").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,76 @@
+//! Events on the CRs: one for every phase change and every failure.
+
+use kube::Resource;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+/// Publishes Events on DataUploads and DataDownloads as `ferry-agent` on this node.
+#[derive(Clone)]
+pub(crate) struct Events {
+    recorder: Recorder,
+}
+
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Events").finish_non_exhaustive()
+    }
+}
+
+/// The reporting controller's name on every Event.
+pub const REPORTING_CONTROLLER: &str = "ferry-agent";
+
+impl Events {
+    pub(crate) fn new(client: kube::Client, node: &str) -> Self {
+        let reporter = Reporter {
+            controller: REPORTING_CONTROLLER.to_owned(),
+            instance: Some(node.to_owned()),
+        };
+        Self { recorder: Recorder::new(client, reporter) }
+    }
+
+    /// A normal Event; `reason` is the phase reached or the step done.
+    pub(crate) async fn normal<K: Resource<DynamicType = ()>>(
+        &self,
+        cr: &K,
+        reason: &str,
+        note: String,
+    ) {
+        self.publish(cr, EventType::Normal, reason, note).await;
+    }
+
+    /// A warning Event (failures).
+    pub(crate) async fn warning<K: Resource<DynamicType = ()>>(
+        &self,
+        cr: &K,
+        reason: &str,
+        note: String,
+    ) {
+        self.publish(cr, EventType::Warning, reason, note).await;
+    }
+
+    async fn publish<K: Resource<DynamicType = ()>>(
+        &self,
+        cr: &K,
+        type_: EventType,
+        reason: &str,
+        mut note: String,
+    ) {
+        // The API server rejects notes over 1 kB.
+        if note.len() > 1000 {
+            let mut cut = 1000;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+        }
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &cr.object_ref(&())).await {
+            tracing::warn!(reason, error = %e, "publishing an event failed");
+        }
+    }
+}

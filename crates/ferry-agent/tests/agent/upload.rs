@@ -1,0 +1,280 @@
+//! DataUploads: the object lock, the phases and their fields, the data mover filter,
+//! progress, failures and timeouts.
+
+use std::time::Duration;
+
+use ferry_agent::annotations;
+use ferry_api::{DataUploadPhase, NodeOs, keys};
+use kube::ResourceExt;
+
+use crate::sim::{Behaviour, Call, ExposeMode, Placement, Sim};
+use crate::support::{History, TestCluster, du_progress, released, unique, wait_for};
+
+const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
+
+fn spread() -> Placement {
+    Placement::Spread(NODES.iter().map(|n| (*n).to_owned()).collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_agents_process_each_of_24_uploads_exactly_once() {
+    let sim = Sim::new(spread(), Behaviour::default());
+    let mut cluster = TestCluster::new(sim.clone(), |_| {});
+    cluster.start_agents(&NODES).await;
+    let names: Vec<String> = (0..24).map(|i| unique(&format!("race{i}"))).collect();
+    for name in &names {
+        cluster.create_upload(name).await;
+    }
+    for name in &names {
+        let du = wait_for(&cluster.uploads, name, "Completed and released", |du| {
+            du.phase() == DataUploadPhase::Completed && released(du)
+        })
+        .await;
+        let status = du.status.clone().expect("status");
+        let moved_on = status.node.clone();
+        assert!(NODES.contains(&moved_on.as_str()), "node {moved_on:?}");
+        assert!(NODES.contains(&status.accepted_by_node.as_str()));
+        assert_eq!(du.annotations().get(annotations::EXPOSED_NODE), Some(&moved_on));
+        assert_eq!(status.snapshot_id, format!("snap-{name}"));
+        assert_eq!(status.path, Sim::path_of(name).to_string_lossy());
+        assert_eq!(status.progress.total_bytes, 4 << 20);
+        assert_eq!(status.progress.bytes_done, status.progress.total_bytes);
+        assert_eq!(status.incremental_bytes, 2 << 20);
+        assert_eq!(status.node_os, Some(NodeOs::Linux));
+        assert!(status.message.is_empty(), "{}", status.message);
+        let started = status.start_timestamp.expect("startTimestamp").0;
+        let completed = status.completion_timestamp.expect("completionTimestamp").0;
+        let accepted = status.accepted_timestamp.expect("acceptedTimestamp").0;
+        assert!(accepted <= started && started <= completed);
+        assert_eq!(
+            status.data_mover_result.and_then(|r| r.get("ferry.io/moved-by").cloned()),
+            Some(moved_on.clone())
+        );
+        // Exactly one node exposed it and exactly one moved it: the one the volume was on.
+        let exposes = sim.count(|c| matches!(c, Call::Expose { cr, .. } if cr == name));
+        assert_eq!(exposes, 1, "{name} exposed {exposes} times");
+        let moves: Vec<Call> = sim
+            .calls()
+            .into_iter()
+            .filter(|c| matches!(c, Call::MoveStart { cr, .. } if cr == name))
+            .collect();
+        assert_eq!(moves, [Call::MoveStart { cr: name.clone(), node: moved_on }]);
+        assert!(sim.count(|c| matches!(c, Call::Cleanup { cr } if cr == name)) >= 1);
+    }
+    let (per_cr, per_node) = sim.max_active();
+    assert_eq!(per_cr, 1, "two data movements ran at once for one CR");
+    assert!(per_node <= 2, "{per_node} movements at once on a node with a limit of 2");
+    // The volumes landed on other nodes than the accepting ones at least sometimes, so the
+    // hand-over from the accepting node to the volume's node was exercised.
+    let mut handed_over = 0;
+    for name in &names {
+        let du = cluster.uploads.get(name).await.expect("get");
+        let status = du.status.expect("status");
+        if status.accepted_by_node != status.node {
+            handed_over += 1;
+        }
+    }
+    assert!(handed_over > 0, "every volume landed on its accepting node");
+    let reasons = cluster.event_reasons(&names[0]).await;
+    for reason in ["Accepted", "Prepared", "InProgress", "Completed"] {
+        assert!(reasons.iter().any(|r| r == reason), "no {reason} event in {reasons:?}");
+    }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_for_other_data_movers_are_left_untouched() {
+    let sim = Sim::new(Placement::Accepting, Behaviour::default());
+    let mut cluster = TestCluster::new(sim.clone(), |_| {});
+    let foreign: Vec<(String, &str)> = vec![
+        (unique("velero-own"), "velero"),
+        (unique("default-own"), ""),
+        (unique("other"), "kopia-x"),
+    ];
+    let mut before = Vec::new();
+    for (name, mover) in &foreign {
+        let du = crate::support::data_upload(name, mover);
+        let created = cluster.uploads.create(&Default::default(), &du).await.expect("create");
+        before.push(created);
+    }
+    cluster.start_agents(&NODES[..2]).await;
+    // A CR of ours, created after the foreign ones, completes: the agents were working.
+    let ours = unique("ours");
+    cluster.create_upload(&ours).await;
+    wait_for(&cluster.uploads, &ours, "Completed", |du| du.phase() == DataUploadPhase::Completed)
+        .await;
+    // Give the agents several rechecks to misbehave.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for created in before {
+        let now = cluster.uploads.get(&created.name_any()).await.expect("get");
+        assert_eq!(
+            now.resource_version(),
+            created.resource_version(),
+            "{} was written",
+            now.name_any()
+        );
+        assert_eq!(now.status, created.status);
+        assert!(now.finalizers().is_empty());
+        let reasons = cluster.event_reasons(&now.name_any()).await;
+        assert!(reasons.is_empty(), "events on a foreign CR: {reasons:?}");
+    }
+    for (name, _) in &foreign {
+        assert_eq!(
+            sim.count(
+                |c| matches!(c, Call::Expose { cr, .. } | Call::Cleanup { cr } if cr == name)
+            ),
+            0
+        );
+    }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_is_written_while_moving_and_never_goes_backwards() {
+    let slow =
+        Behaviour { chunks: 12, chunk_delay: Duration::from_millis(250), ..Behaviour::default() };
+    let sim = Sim::new(Placement::Accepting, slow);
+    let mut cluster = TestCluster::new(sim, |_| {});
+    cluster.start_agents(&NODES[..1]).await;
+    let name = unique("progress");
+    let history = History::record(&cluster.uploads, &name, du_progress);
+    cluster.create_upload(&name).await;
+    let du = wait_for(&cluster.uploads, &name, "Completed", |du| {
+        du.phase() == DataUploadPhase::Completed
+    })
+    .await;
+    let total = du.status.expect("status").progress.total_bytes;
+    history.assert_monotonic();
+    let values = history.values();
+    let partial = values
+        .iter()
+        .filter(|(phase, done)| phase == "InProgress" && *done > 0 && *done < total)
+        .count();
+    assert!(
+        partial >= 2,
+        "fewer than two partial progress writes while moving for 3 s: {values:?}"
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_path_error_fails_the_upload_with_its_message() {
+    let failing = Behaviour {
+        mover_error: Some("repository unreachable: connection refused".into()),
+        ..Behaviour::default()
+    };
+    let sim = Sim::new(Placement::Accepting, Behaviour::default());
+    let mut cluster = TestCluster::new(sim.clone(), |_| {});
+    cluster.start_agents(&NODES[..2]).await;
+    let name = unique("fails");
+    sim.set(&name, failing);
+    cluster.create_upload(&name).await;
+    let du = wait_for(&cluster.uploads, &name, "Failed and released", |du| {
+        du.phase() == DataUploadPhase::Failed && released(du)
+    })
+    .await;
+    let status = du.status.expect("status");
+    assert!(
+        status.message.contains("data movement failed")
+            && status.message.contains("repository unreachable: connection refused"),
+        "{}",
+        status.message
+    );
+    assert!(status.completion_timestamp.is_some());
+    assert!(sim.count(|c| matches!(c, Call::Cleanup { cr } if *cr == name)) >= 1);
+    assert!(cluster.event_reasons(&name).await.iter().any(|r| r == "Failed"));
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expose_error_fails_the_upload_with_the_reason() {
+    let sim = Sim::new(Placement::Accepting, Behaviour::default());
+    let mut cluster = TestCluster::new(sim.clone(), |_| {});
+    cluster.start_agents(&NODES[..1]).await;
+    let name = unique("noexpose");
+    let broken = Behaviour {
+        expose: ExposeMode::Fail("VolumeSnapshot app/velero-x not found".into()),
+        ..Behaviour::default()
+    };
+    sim.set(&name, broken);
+    cluster.create_upload(&name).await;
+    let du = wait_for(&cluster.uploads, &name, "Failed", |du| {
+        du.phase() == DataUploadPhase::Failed && released(du)
+    })
+    .await;
+    let message = du.status.expect("status").message;
+    assert!(
+        message.contains("exposing the volume failed: VolumeSnapshot app/velero-x not found"),
+        "{message}"
+    );
+    // The operation timeout of the CR reached the exposer.
+    assert!(sim.calls().contains(&Call::Expose {
+        cr: name.clone(),
+        node: NODES[0].into(),
+        timeout: Duration::from_secs(600)
+    }));
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_timeouts_fail_accepted_and_prepared_uploads() {
+    let sim = Sim::new(Placement::Accepting, Behaviour::default());
+    let mut cluster = TestCluster::new(sim.clone(), |c| c.prepare_timeout = Duration::from_secs(2));
+    cluster.start_agents(&NODES[..2]).await;
+    let never_exposed = unique("hang");
+    sim.set(&never_exposed, Behaviour { expose: ExposeMode::Hang, ..Behaviour::default() });
+    let never_located = unique("lost");
+    sim.set(&never_located, Behaviour { locatable: false, ..Behaviour::default() });
+    cluster.create_upload(&never_exposed).await;
+    cluster.create_upload(&never_located).await;
+
+    let du = wait_for(&cluster.uploads, &never_exposed, "Failed", |du| {
+        du.phase() == DataUploadPhase::Failed && released(du)
+    })
+    .await;
+    let message = du.status.expect("status").message;
+    assert!(
+        message.contains("prepare timeout") && message.contains("not exposed within 2s"),
+        "{message}"
+    );
+    assert!(sim.count(|c| matches!(c, Call::Cleanup { cr } if *cr == never_exposed)) >= 1);
+
+    let du = wait_for(&cluster.uploads, &never_located, "Failed", |du| {
+        du.phase() == DataUploadPhase::Failed && released(du)
+    })
+    .await;
+    let message = du.status.expect("status").message;
+    assert!(
+        message.contains("prepare timeout") && message.contains("did not become available"),
+        "{message}"
+    );
+    assert!(sim.count(|c| matches!(c, Call::Cleanup { cr } if *cr == never_located)) >= 1);
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_concurrency_limit_queues_work_without_stalling_it() {
+    let slow =
+        Behaviour { chunks: 4, chunk_delay: Duration::from_millis(150), ..Behaviour::default() };
+    let sim = Sim::new(Placement::Accepting, slow);
+    let mut cluster = TestCluster::new(sim.clone(), |c| c.concurrency = 1);
+    cluster.start_agents(&NODES[..1]).await;
+    let names: Vec<String> = (0..5).map(|i| unique(&format!("queue{i}"))).collect();
+    for name in &names {
+        cluster.create_upload(name).await;
+    }
+    for name in &names {
+        wait_for(&cluster.uploads, name, "Completed", |du| {
+            du.phase() == DataUploadPhase::Completed
+        })
+        .await;
+    }
+    let (_, per_node) = sim.max_active();
+    assert_eq!(per_node, 1, "the limit of one movement per node was exceeded");
+    assert_eq!(sim.count(|c| matches!(c, Call::MoveDone { .. })), names.len());
+    for name in &names {
+        let du = cluster.uploads.get(name).await.expect("get");
+        assert!(!du.labels().contains_key(keys::EXPOSE_ON_GOING_LABEL));
+    }
+    cluster.shutdown().await;
+}
