@@ -4,12 +4,18 @@ CARGO ?= cargo
 export GOTOOLCHAIN := local
 export CGO_ENABLED := 0
 
-.PHONY: test demo lint fmt-check clippy unit control-plane build clean-cache
+.PHONY: test demo fmt-check clippy control-plane build fuzz
 
-## make test: formatting check, clippy with warnings as errors, and every test.
+## make test: formatting check, clippy with warnings as errors, every test, a short fuzz run.
 test: fmt-check clippy control-plane
 	$(CARGO) test --workspace --locked --all-targets
 	scripts/check-leaks.sh
+	scripts/fuzz.sh 8
+
+## Longer fuzzing: make fuzz FUZZ_SECONDS=600
+FUZZ_SECONDS ?= 120
+fuzz:
+	scripts/fuzz.sh $(FUZZ_SECONDS)
 
 fmt-check:
 	$(CARGO) fmt --all -- --check

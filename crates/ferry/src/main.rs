@@ -1,13 +1,67 @@
 //! The `ferry` binary: every run mode of Ferry behind one command line.
+//!
+//! Exit status 0 on success; on failure a one-line cause on stderr and a non-zero status.
+
+mod cli;
+mod password;
+mod progress;
+mod repo_cmds;
+
+use std::process::ExitCode;
 
 use clap::Parser;
+use tokio_util::sync::CancellationToken;
 
-/// Ferry moves Kubernetes volume data to and from a deduplicating backup repository.
-#[derive(Debug, Parser)]
-#[command(name = "ferry", version, about)]
-struct Cli {}
+use crate::cli::{Cli, Command, RepoCommand};
 
-fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
-    Ok(())
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&anyhow::anyhow!(e).context("starting the async runtime")),
+    };
+    let cancel = CancellationToken::new();
+    let result = runtime.block_on(async {
+        let on_signal = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                on_signal.cancel();
+            }
+        });
+        run(cli.command, &cancel).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()> {
+    match command {
+        Command::Repo { command: RepoCommand::Init { repo } } => {
+            repo_cmds::init(&repo, cancel).await
+        }
+        Command::Backup(args) => repo_cmds::backup(&args, cancel).await,
+        Command::Restore(args) => repo_cmds::restore(&args, cancel).await,
+        Command::Snapshots { repo, json } => repo_cmds::snapshots(&repo, json, cancel).await,
+        Command::Check { repo, read_data } => repo_cmds::check(&repo, read_data, cancel).await,
+    }
+}
+
+/// Prints the error chain on one line and returns the failure exit code.
+fn fail(err: &anyhow::Error) -> ExitCode {
+    eprintln!("ferry: error: {err:#}");
+    ExitCode::FAILURE
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }

@@ -1,0 +1,283 @@
+//! File-tree backup.
+//!
+//! ```text
+//! walker (1 thread) --file jobs (bounded)--> file workers (N threads: read, chunk, hash,
+//!        |                                    compress, encrypt, pack) --packs--> uploader
+//!        +--tree events (bounded)--> tree builder (1 thread) --tree packs--> uploader
+//! ```
+//! Memory is bounded by the channel capacities, one read buffer and two open packs per
+//! worker, the packs being uploaded, and the names of the directories on the current path.
+//! The snapshot is written last, after the uploader has stored and indexed every pack.
+
+mod files;
+mod meta;
+mod trees;
+mod walk;
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{RepoError, RepoResult};
+use crate::format::{BlobId, DEFAULT_DATA_LEVEL, Node, Snapshot, SnapshotId, Summary, Timestamp};
+use crate::progress::Counters;
+use crate::progress::ProgressFn;
+use crate::repo::writer::{LocalPacker, Uploader};
+use crate::repo::{MemIndex, Repository, hostname};
+use files::FileWorker;
+use trees::TreeBuilder;
+use walk::Walker;
+
+/// Options for [`backup_tree`].
+#[derive(Debug, Clone)]
+pub struct BackupOptions {
+    /// Snapshot to compare with: unchanged files (same size, mtime, mode, owner) are not read.
+    pub parent: Option<SnapshotId>,
+    /// `key=value` tags.
+    pub tags: Vec<(String, String)>,
+    /// What is being backed up, in the caller's words; the path when empty.
+    pub source: String,
+    /// Host name to record; the machine's when `None`.
+    pub hostname: Option<String>,
+    /// zstd level for file data (0: no compression).
+    pub compression_level: i32,
+    /// File reader threads; 0 picks one per core plus one.
+    pub threads: usize,
+}
+
+impl Default for BackupOptions {
+    fn default() -> Self {
+        Self {
+            parent: None,
+            tags: Vec::new(),
+            source: String::new(),
+            hostname: None,
+            compression_level: DEFAULT_DATA_LEVEL,
+            threads: 0,
+        }
+    }
+}
+
+/// What a backup did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupSummary {
+    /// The new snapshot.
+    pub snapshot_id: SnapshotId,
+    /// Content bytes in the snapshot.
+    pub bytes_total: u64,
+    /// Content bytes new to the repository.
+    pub bytes_new: u64,
+    /// Bytes added to storage.
+    pub bytes_stored: u64,
+    /// Regular files.
+    pub files: u64,
+    /// Directories.
+    pub dirs: u64,
+    /// Entries recorded with an error.
+    pub errors: u64,
+    /// Wall time.
+    pub duration: Duration,
+}
+
+/// State shared by the backup's threads.
+pub(crate) struct Shared {
+    pub(crate) repo: Repository,
+    pub(crate) index: Arc<MemIndex>,
+    claimed: Mutex<HashSet<BlobId>>,
+    pub(crate) progress: Counters,
+    /// Cancelled by the caller or by the first fatal error.
+    pub(crate) stop: CancellationToken,
+    pub(crate) handle: tokio::runtime::Handle,
+    failure: Mutex<Option<RepoError>>,
+}
+
+impl Shared {
+    /// Whether this process should store blob `id` (true exactly once per new blob).
+    pub(crate) fn claim(&self, id: BlobId) -> bool {
+        if self.index.contains(&id) {
+            return false;
+        }
+        self.claimed.lock().map(|mut c| c.insert(id)).unwrap_or(false)
+    }
+
+    fn fail(&self, e: RepoError) {
+        if !matches!(e, RepoError::Cancelled)
+            && let Ok(mut f) = self.failure.lock()
+        {
+            f.get_or_insert(e);
+        }
+        self.stop.cancel();
+    }
+}
+
+fn now() -> Timestamp {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    Timestamp { sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nsec: d.subsec_nanos() }
+}
+
+/// Backs up the directory `path` into `repo` and writes a snapshot.
+///
+/// Unreadable entries do not fail the backup: each is recorded in the snapshot with its error
+/// and counted in [`BackupSummary::errors`].
+///
+/// # Errors
+/// The root cannot be opened; storage failures; a damaged parent snapshot manifest;
+/// [`RepoError::Cancelled`] when `cancel` fires (within about a second).
+pub async fn backup_tree(
+    repo: &Repository,
+    path: &Path,
+    options: &BackupOptions,
+    progress: Option<ProgressFn>,
+    cancel: &CancellationToken,
+) -> RepoResult<BackupSummary> {
+    let started = Instant::now();
+    let time = now();
+    crate::sys::raise_fd_limit();
+    let index = repo.refresh_index(cancel).await?;
+    let parent = match &options.parent {
+        Some(id) => Some(repo.load_snapshot(id, cancel).await?),
+        None => None,
+    };
+    let stop = cancel.child_token();
+    let (sink, uploader) = Uploader::start(repo, Arc::clone(&index), &stop);
+    let shared = Arc::new(Shared {
+        repo: repo.clone(),
+        index,
+        claimed: Mutex::new(HashSet::new()),
+        progress: Counters::default(),
+        stop: stop.clone(),
+        handle: tokio::runtime::Handle::current(),
+        failure: Mutex::new(None),
+    });
+    let floor = parent.as_ref().map_or(0, |p| p.summary.bytes_total);
+    let threads = if options.threads == 0 {
+        std::thread::available_parallelism().map_or(2, |n| n.get()) + 1
+    } else {
+        options.threads
+    };
+    let ticker = {
+        let shared = Arc::clone(&shared);
+        crate::progress::Ticker::start(progress.clone(), move || {
+            shared.progress.snapshot(floor, false)
+        })
+    };
+    let root_path = path.to_path_buf();
+    let parent_root = parent.as_ref().map(|p| p.root.clone());
+    let level = options.compression_level;
+    let walked = {
+        let shared = Arc::clone(&shared);
+        tokio::task::spawn_blocking(move || {
+            run_pipeline(&shared, &root_path, parent_root.as_ref(), sink, threads, level)
+        })
+        .await
+        .map_err(|e| RepoError::Internal { what: "backup pipeline", reason: e.to_string() })
+    };
+    let stored = Arc::clone(&uploader.stats);
+    let uploaded = uploader.finish().await;
+    drop(ticker);
+    if cancel.is_cancelled() {
+        return Err(RepoError::Cancelled);
+    }
+    if let Some(e) = shared.failure.lock().ok().and_then(|mut f| f.take()) {
+        return Err(e);
+    }
+    let (root, mut summary) = walked??;
+    uploaded?;
+    summary.bytes_new = shared.progress.bytes_new.load(Ordering::Relaxed);
+    summary.bytes_stored = stored.stored_bytes.load(Ordering::Relaxed);
+    summary.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let snapshot = Snapshot {
+        time,
+        hostname: options.hostname.clone().unwrap_or_else(hostname),
+        source: if options.source.is_empty() {
+            path.display().to_string()
+        } else {
+            options.source.clone()
+        },
+        paths: vec![path.display().to_string()],
+        tags: sorted_tags(&options.tags),
+        parent: options.parent,
+        root,
+        summary,
+        program: concat!("ferry ", env!("CARGO_PKG_VERSION")).to_owned(),
+    };
+    let snapshot_id = repo.save_snapshot(&snapshot, cancel).await?;
+    if let Some(f) = &progress {
+        f(&shared.progress.snapshot(floor, true));
+    }
+    Ok(BackupSummary {
+        snapshot_id,
+        bytes_total: summary.bytes_total,
+        bytes_new: summary.bytes_new,
+        bytes_stored: summary.bytes_stored,
+        files: summary.files,
+        dirs: summary.dirs,
+        errors: summary.errors,
+        duration: started.elapsed(),
+    })
+}
+
+fn sorted_tags(tags: &[(String, String)]) -> Vec<(String, String)> {
+    let mut t = tags.to_vec();
+    t.sort();
+    t.dedup();
+    t
+}
+
+/// Runs walker, workers and tree builder on threads; returns the root node and counts.
+fn run_pipeline(
+    shared: &Shared,
+    root: &Path,
+    parent: Option<&Node>,
+    sink: crate::repo::writer::PackSink,
+    threads: usize,
+    level: i32,
+) -> RepoResult<(Node, Summary)> {
+    let stats = Arc::new(crate::repo::writer::WriteStats::default());
+    let (job_tx, job_rx) = crossbeam_channel::bounded(64);
+    let (event_tx, event_rx) = crossbeam_channel::bounded(16);
+    std::thread::scope(|scope| {
+        let mut workers = Vec::new();
+        for _ in 0..threads.max(1) {
+            let packer = LocalPacker::new(&shared.repo, &sink, &stats, level);
+            let jobs = job_rx.clone();
+            workers.push(scope.spawn(move || {
+                if let Err(e) = FileWorker::new(shared, packer).run(&jobs) {
+                    shared.fail(e);
+                }
+            }));
+        }
+        drop(job_rx);
+        let tree_packer = LocalPacker::new(&shared.repo, &sink, &stats, level);
+        let builder = scope.spawn(move || {
+            TreeBuilder::new(shared, tree_packer).run(event_rx).map_err(|e| {
+                shared.fail(e);
+                RepoError::Cancelled
+            })
+        });
+        let walked = Walker::new(shared, event_tx, job_tx).walk_root(root, parent);
+        if let Err(e) = walked {
+            shared.fail(e);
+        }
+        for w in workers {
+            if w.join().is_err() {
+                shared.fail(RepoError::Internal { what: "file worker", reason: "panicked".into() });
+            }
+        }
+        let root = match builder.join() {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(RepoError::Internal {
+                    what: "tree builder",
+                    reason: "panicked".into(),
+                });
+            }
+        };
+        sink.flush(&shared.repo)?;
+        Ok(root)
+    })
+}

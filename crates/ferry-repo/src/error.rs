@@ -1,0 +1,136 @@
+//! The repository error type.
+//!
+//! Policy: every variant names the step that failed and carries what a user needs to act (the
+//! object key, the path, the snapshot), with the underlying error as its source. Errors are
+//! returned, not logged, by the code that raises them; whoever handles one logs it.
+
+use std::path::PathBuf;
+
+use ferry_store::StoreError;
+
+use crate::format::{BlobId, FormatError};
+
+/// Result of a repository operation.
+pub type RepoResult<T> = Result<T, RepoError>;
+
+/// What can go wrong in the repository.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RepoError {
+    /// No repository at this location (no `config` object).
+    #[error("no repository found: {location} has no config object")]
+    NotFound {
+        /// The store location.
+        location: String,
+    },
+    /// No key file opens with the given password.
+    #[error("wrong password: none of the {tried} key files opens with it")]
+    WrongPassword {
+        /// Key files tried.
+        tried: usize,
+    },
+    /// A store call failed.
+    #[error("{operation} {key}: {source}")]
+    Store {
+        /// What was being done (`read snapshot`, `upload pack`, ...).
+        operation: &'static str,
+        /// The object involved (or the prefix listed).
+        key: String,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+    /// A stored object is damaged, forged or of an unknown format.
+    #[error("{object} is damaged or unreadable: {source}")]
+    Corrupt {
+        /// Kind and key of the object (`pack data/ab/ab12..`, `tree blob 12ab..`).
+        object: String,
+        /// Why it could not be decoded.
+        #[source]
+        source: FormatError,
+    },
+    /// A blob referenced by a tree or snapshot is in no index.
+    #[error("blob {id} referenced by {referrer} is missing from the index")]
+    MissingBlob {
+        /// The blob.
+        id: BlobId,
+        /// Who referenced it.
+        referrer: String,
+    },
+    /// No snapshot matches the given id or prefix, or the prefix is ambiguous.
+    #[error("snapshot {query:?}: {reason}")]
+    SnapshotLookup {
+        /// What the user asked for.
+        query: String,
+        /// `not found` or `ambiguous`.
+        reason: String,
+    },
+    /// A local file operation failed.
+    #[error("{operation} {path}: {source}")]
+    Io {
+        /// The step (`open`, `read`, `create`, `set owner`...).
+        operation: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A snapshot entry cannot be restored safely (hostile or corrupt metadata).
+    #[error("refusing to restore {path}: {reason}")]
+    UnsafeEntry {
+        /// Path of the entry relative to the target.
+        path: PathBuf,
+        /// The rule it breaks.
+        reason: String,
+    },
+    /// Invalid arguments or options.
+    #[error("invalid {what}: {reason}")]
+    InvalidInput {
+        /// The argument.
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The operation was cancelled through its token.
+    #[error("cancelled")]
+    Cancelled,
+    /// A worker thread or task died unexpectedly.
+    #[error("internal failure in {what}: {reason}")]
+    Internal {
+        /// The component.
+        what: &'static str,
+        /// What happened.
+        reason: String,
+    },
+}
+
+impl RepoError {
+    /// A store error with context; cancellation stays [`RepoError::Cancelled`].
+    pub(crate) fn store(operation: &'static str, key: impl ToString, source: StoreError) -> Self {
+        match source {
+            StoreError::Cancelled => Self::Cancelled,
+            source => Self::Store { operation, key: key.to_string(), source },
+        }
+    }
+
+    /// A decoding error with the object named.
+    pub(crate) fn corrupt(object: impl ToString, source: FormatError) -> Self {
+        Self::Corrupt { object: object.to_string(), source }
+    }
+
+    /// An I/O error with the path.
+    pub(crate) fn io(
+        operation: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        Self::Io { operation, path: path.into(), source }
+    }
+
+    /// Whether retrying later may succeed.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Store { source, .. } if source.is_retryable())
+    }
+}

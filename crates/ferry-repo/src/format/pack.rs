@@ -1,0 +1,345 @@
+//! Pack files: many encrypted blobs, then an encrypted header listing them, then a 4-byte
+//! trailer giving the header's length.
+//!
+//! ```text
+//! [version][kind = Pack]
+//! blob*        each: nonce(24) || XChaCha20-Poly1305(plaintext) || tag(16),
+//!              AD = [version][blob kind] || blob id; plaintext = [compression][raw len][payload]
+//! header       a sealed object of kind PackHeader listing (id, kind, offset, length, raw length)
+//! trailer      u32 LE: length of header
+//! ```
+//!
+//! A pack's name is the BLAKE3 hash of all its bytes, so its integrity can be checked without
+//! keys, and no two writers can ever produce the same name for different packs.
+
+use serde::{Deserialize, Serialize};
+
+use crate::format::{
+    BlobId, Cipher, FORMAT_VERSION, FormatError, MAX_PLAINTEXT, NONCE_LEN, ObjectKind, PackId,
+    RepoKeys, TAG_LEN, associated_data, compress, content_address, decode_body, encode_body,
+    open_object, seal_object,
+};
+
+/// Where one blob sits in its pack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackEntry {
+    /// The blob.
+    pub id: BlobId,
+    /// [`ObjectKind::DataBlob`] or [`ObjectKind::TreeBlob`].
+    pub kind: ObjectKind,
+    /// Byte offset of the sealed blob in the pack.
+    pub offset: u32,
+    /// Length of the sealed blob (nonce, ciphertext, tag).
+    pub length: u32,
+    /// Length of the blob's plaintext.
+    pub raw_length: u32,
+}
+
+/// The list of blobs at the end of a pack.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackHeader {
+    /// Blobs in the order they were written.
+    pub entries: Vec<PackEntry>,
+}
+
+/// A finished pack, ready to upload.
+#[derive(Debug, Clone)]
+pub struct SealedPack {
+    /// The pack's name.
+    pub id: PackId,
+    /// The pack's bytes.
+    pub bytes: Vec<u8>,
+    /// Its blobs.
+    pub entries: Vec<PackEntry>,
+}
+
+/// Fills one pack with blobs of one kind.
+#[derive(Debug)]
+pub struct PackBuilder {
+    buf: Vec<u8>,
+    entries: Vec<PackEntry>,
+    raw_bytes: u64,
+}
+
+impl Default for PackBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PackBuilder {
+    /// An empty pack.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            buf: vec![FORMAT_VERSION, ObjectKind::Pack as u8],
+            entries: Vec::new(),
+            raw_bytes: 0,
+        }
+    }
+
+    /// Compresses (at `level`, 0 for none), encrypts and appends one blob; returns the bytes
+    /// it takes in the pack.
+    pub fn add(
+        &mut self,
+        keys: &RepoKeys,
+        id: BlobId,
+        kind: ObjectKind,
+        level: i32,
+        raw: &[u8],
+    ) -> u32 {
+        let mut plain = Vec::with_capacity(raw.len() / 2 + 16);
+        compress::encode_into(level, raw, &mut plain);
+        self.add_encoded(&keys.cipher, id, kind, &plain, raw.len())
+    }
+
+    /// Appends a blob sealed elsewhere with [`seal_blob`] (so encryption can happen outside a
+    /// lock around a shared pack).
+    pub fn push_sealed(
+        &mut self,
+        id: BlobId,
+        kind: ObjectKind,
+        sealed: &[u8],
+        raw_len: usize,
+    ) -> u32 {
+        let offset = self.buf.len();
+        self.buf.extend_from_slice(sealed);
+        self.entries.push(PackEntry {
+            id,
+            kind,
+            offset: u32::try_from(offset).unwrap_or(u32::MAX),
+            length: u32::try_from(sealed.len()).unwrap_or(u32::MAX),
+            raw_length: u32::try_from(raw_len).unwrap_or(u32::MAX),
+        });
+        self.raw_bytes += raw_len as u64;
+        u32::try_from(sealed.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Appends a blob whose plaintext is already in stored form (`[compression][len][payload]`).
+    pub fn add_encoded(
+        &mut self,
+        cipher: &Cipher,
+        id: BlobId,
+        kind: ObjectKind,
+        plain: &[u8],
+        raw_len: usize,
+    ) -> u32 {
+        let offset = self.buf.len();
+        cipher.seal_append(&mut self.buf, &associated_data(kind, &id.0), plain);
+        let length = self.buf.len() - offset;
+        self.entries.push(PackEntry {
+            id,
+            kind,
+            offset: u32::try_from(offset).unwrap_or(u32::MAX),
+            length: u32::try_from(length).unwrap_or(u32::MAX),
+            raw_length: u32::try_from(raw_len).unwrap_or(u32::MAX),
+        });
+        self.raw_bytes += raw_len as u64;
+        u32::try_from(length).unwrap_or(u32::MAX)
+    }
+
+    /// Bytes written so far.
+    #[must_use]
+    pub fn size(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether no blob was added.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Blobs added so far.
+    #[must_use]
+    pub fn entries(&self) -> &[PackEntry] {
+        &self.entries
+    }
+
+    /// Seals the pack: appends the encrypted header and the trailer, names it.
+    #[must_use]
+    pub fn finish(mut self, cipher: &Cipher) -> SealedPack {
+        let header = PackHeader { entries: self.entries };
+        let sealed = seal_object(cipher, ObjectKind::PackHeader, &[], &encode_body(&header));
+        let len = u32::try_from(sealed.len()).unwrap_or(u32::MAX);
+        self.buf.extend_from_slice(&sealed);
+        self.buf.extend_from_slice(&len.to_le_bytes());
+        let id = PackId(content_address(&self.buf));
+        SealedPack { id, bytes: self.buf, entries: header.entries }
+    }
+}
+
+/// Compresses (at `level`, 0 for none) and encrypts one blob into its sealed form.
+#[must_use]
+pub fn seal_blob(keys: &RepoKeys, id: BlobId, kind: ObjectKind, level: i32, raw: &[u8]) -> Vec<u8> {
+    let mut plain = Vec::with_capacity(raw.len() / 2 + 16);
+    compress::encode_into(level, raw, &mut plain);
+    let mut sealed = Vec::with_capacity(plain.len() + NONCE_LEN + TAG_LEN);
+    keys.cipher.seal_append(&mut sealed, &associated_data(kind, &id.0), &plain);
+    sealed
+}
+
+/// Reads the header length from a pack's last four bytes.
+///
+/// # Errors
+/// [`FormatError::Truncated`] when `trailer` is not four bytes.
+pub fn header_length(trailer: &[u8]) -> Result<u32, FormatError> {
+    let bytes: [u8; 4] = trailer
+        .try_into()
+        .map_err(|_| FormatError::Truncated { what: "pack trailer", len: trailer.len() })?;
+    Ok(u32::from_le_bytes(bytes))
+}
+
+/// Decodes and checks the header of a whole pack (`pack` holds every byte of it).
+///
+/// # Errors
+/// Truncation, authentication failure, malformed header, or entries that point outside the
+/// blob area or overlap.
+pub fn read_pack_header(cipher: &Cipher, pack: &[u8]) -> Result<PackHeader, FormatError> {
+    let prefix_ok =
+        pack.len() >= 6 && pack[0] == FORMAT_VERSION && pack[1] == ObjectKind::Pack as u8;
+    if !prefix_ok {
+        return match pack {
+            [v, ..] if *v != FORMAT_VERSION => Err(FormatError::Version { found: *v }),
+            [_, k, ..] => match ObjectKind::from_byte(*k)? {
+                ObjectKind::Pack => Err(FormatError::Truncated { what: "pack", len: pack.len() }),
+                found => Err(FormatError::WrongKind { expected: ObjectKind::Pack, found }),
+            },
+            _ => Err(FormatError::Truncated { what: "pack", len: pack.len() }),
+        };
+    }
+    let header_len = header_length(&pack[pack.len() - 4..])? as usize;
+    let Some(header_start) = (pack.len() - 4).checked_sub(header_len).filter(|s| *s >= 2) else {
+        return Err(FormatError::Invalid {
+            what: "pack trailer",
+            reason: format!("header length {header_len} exceeds pack"),
+        });
+    };
+    let body =
+        open_object(cipher, ObjectKind::PackHeader, &[], &pack[header_start..pack.len() - 4])?;
+    let header: PackHeader = decode_body("pack header", &body)?;
+    header.validate(header_start)?;
+    Ok(header)
+}
+
+impl PackHeader {
+    /// Checks that entries are blobs, in order, inside `2..blob_end` and do not overlap.
+    ///
+    /// # Errors
+    /// [`FormatError::Invalid`].
+    pub fn validate(&self, blob_end: usize) -> Result<(), FormatError> {
+        let mut next = 2usize;
+        for e in &self.entries {
+            let start = e.offset as usize;
+            let end = start + e.length as usize;
+            let bad = !e.kind.is_blob()
+                || start < next
+                || end > blob_end
+                || (e.length as usize) < NONCE_LEN + TAG_LEN
+                || e.raw_length as usize > MAX_PLAINTEXT;
+            if bad {
+                return Err(FormatError::Invalid {
+                    what: "pack header",
+                    reason: format!("entry {} at {}+{} is out of place", e.id, e.offset, e.length),
+                });
+            }
+            next = end;
+        }
+        Ok(())
+    }
+}
+
+/// Authenticates, decompresses and verifies one sealed blob.
+///
+/// # Errors
+/// [`FormatError::Authentication`] if the bytes were altered or belong to another blob or kind;
+/// [`FormatError::HashMismatch`] if the plaintext does not hash to `id`.
+pub fn open_blob(
+    keys: &RepoKeys,
+    id: &BlobId,
+    kind: ObjectKind,
+    sealed: &[u8],
+) -> Result<Vec<u8>, FormatError> {
+    let plain = keys.cipher.open(&associated_data(kind, &id.0), sealed)?;
+    let raw = compress::decode(&plain)?;
+    if keys.blob_id(&raw) != *id {
+        return Err(FormatError::HashMismatch { what: format!("{kind} {id}") });
+    }
+    Ok(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::MasterKey;
+    use proptest::prelude::*;
+
+    fn keys() -> RepoKeys {
+        MasterKey::from_secret([5; 32]).derive()
+    }
+
+    proptest! {
+        #[test]
+        fn pack_round_trip(blobs in proptest::collection::vec(proptest::collection::vec(0u8..3, 0..3000), 0..8)) {
+            let k = keys();
+            let mut b = PackBuilder::new();
+            for (i, blob) in blobs.iter().enumerate() {
+                let kind = if i % 2 == 0 { ObjectKind::DataBlob } else { ObjectKind::TreeBlob };
+                b.add(&k, k.blob_id(blob), kind, 3, blob);
+            }
+            let sealed = b.finish(&k.cipher);
+            prop_assert_eq!(sealed.id.0, content_address(&sealed.bytes));
+            let header = read_pack_header(&k.cipher, &sealed.bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(&header.entries, &sealed.entries);
+            for (e, blob) in header.entries.iter().zip(&blobs) {
+                let bytes = &sealed.bytes[e.offset as usize..(e.offset + e.length) as usize];
+                let raw = open_blob(&k, &e.id, e.kind, bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(&raw, blob);
+                prop_assert_eq!(e.raw_length as usize, blob.len());
+            }
+        }
+
+        #[test]
+        fn read_header_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = read_pack_header(&keys().cipher, &bytes);
+        }
+
+        #[test]
+        fn header_body_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            if let Ok(h) = decode_body::<PackHeader>("pack header", &bytes) {
+                let _ = h.validate(1000);
+            }
+        }
+
+        #[test]
+        fn open_blob_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = open_blob(&keys(), &BlobId([0; 32]), ObjectKind::DataBlob, &bytes);
+        }
+    }
+
+    #[test]
+    fn blob_of_other_kind_or_id_is_rejected() {
+        let k = keys();
+        let mut b = PackBuilder::new();
+        let data = b"some data".to_vec();
+        let id = k.blob_id(&data);
+        b.add(&k, id, ObjectKind::DataBlob, 3, &data);
+        let sealed = b.finish(&k.cipher);
+        let e = sealed.entries[0];
+        let bytes = &sealed.bytes[e.offset as usize..(e.offset + e.length) as usize];
+        assert!(open_blob(&k, &id, ObjectKind::TreeBlob, bytes).is_err());
+        assert!(open_blob(&k, &k.blob_id(b"other"), ObjectKind::DataBlob, bytes).is_err());
+        assert!(open_blob(&k, &id, ObjectKind::DataBlob, bytes).is_ok());
+    }
+
+    #[test]
+    fn flipped_header_byte_is_detected() {
+        let k = keys();
+        let mut b = PackBuilder::new();
+        b.add(&k, k.blob_id(b"x"), ObjectKind::DataBlob, 3, b"x");
+        let mut bytes = b.finish(&k.cipher).bytes;
+        let n = bytes.len();
+        bytes[n - 10] ^= 0x40;
+        assert!(read_pack_header(&k.cipher, &bytes).is_err());
+    }
+}

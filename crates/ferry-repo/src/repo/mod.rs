@@ -1,0 +1,579 @@
+//! A repository over an [`ObjectStore`]: init, open, keys, snapshots, blobs.
+
+mod cache;
+pub(crate) mod index;
+pub(crate) mod layout;
+pub(crate) mod writer;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ferry_store::{ObjectStore, PutOutcome, StoreError};
+use futures::{StreamExt, TryStreamExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{RepoError, RepoResult};
+use crate::format::{
+    BlobId, Chunker, ChunkerParams, Config, IndexFile, IndexId, KdfParams, KeyFile, KeyId,
+    MasterKey, ObjectKind, PackParams, RepoKeys, Snapshot, SnapshotId, TreePage, content_address,
+    open_blob,
+};
+use cache::PackCache;
+pub use index::BlobLocation;
+pub(crate) use index::MemIndex;
+
+/// How many objects are fetched at once when loading many (index files, snapshots).
+const LOAD_CONCURRENCY: usize = 16;
+
+/// Options for [`Repository::init`].
+#[derive(Debug, Clone, Default)]
+pub struct InitOptions {
+    /// argon2id costs for the first key file.
+    pub kdf: KdfParams,
+    /// Chunk sizes.
+    pub chunker: ChunkerParams,
+    /// Pack sizes.
+    pub packs: PackParams,
+}
+
+/// Whether [`Repository::init`] created the repository.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InitOutcome {
+    /// This call created it.
+    Created,
+    /// It existed already (possibly created by a racing node) and was opened.
+    AlreadyExisted,
+}
+
+/// An open repository. Cheap to clone; safe to share between tasks and threads.
+#[derive(Debug, Clone)]
+pub struct Repository {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Arc<dyn ObjectStore>,
+    keys: RepoKeys,
+    master: MasterKey,
+    config: Config,
+    chunker: Chunker,
+    index: tokio::sync::Mutex<Option<Arc<MemIndex>>>,
+    tree_packs: PackCache,
+}
+
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+pub(crate) fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> RepoResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| RepoError::Internal { what: "blocking task", reason: e.to_string() })
+}
+
+impl Repository {
+    /// Creates a repository in `store`, or opens the existing one.
+    ///
+    /// Safe when several nodes race: each writes its own key file, then tries to create
+    /// `config` with create-if-absent. Exactly one wins; the others delete their key file and
+    /// open the winner's repository with `password`.
+    ///
+    /// # Errors
+    /// Store failures; [`RepoError::WrongPassword`] when the repository exists (or a racing
+    /// node created it) under another password.
+    pub async fn init(
+        store: Arc<dyn ObjectStore>,
+        password: &[u8],
+        options: &InitOptions,
+        cancel: &CancellationToken,
+    ) -> RepoResult<(Self, InitOutcome)> {
+        let config_key = layout::config()?;
+        if store
+            .head(&config_key, cancel)
+            .await
+            .map_err(|e| RepoError::store("look for", &config_key, e))?
+            .is_some()
+        {
+            return Ok((Self::open(store, password, cancel).await?, InitOutcome::AlreadyExisted));
+        }
+        let mut repo_id = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut repo_id);
+        let config = Config {
+            repo_id,
+            created_unix: unix_now(),
+            chunker: options.chunker,
+            volume_chunker: None,
+            packs: options.packs,
+        };
+        config
+            .validate()
+            .map_err(|e| RepoError::InvalidInput { what: "init options", reason: e.to_string() })?;
+        let master = MasterKey::generate();
+        let (key_id, key_bytes) = wrap_key(&master, password, options.kdf).await?;
+        let key_key = layout::key_file(&key_id)?;
+        store
+            .put_if_absent(&key_key, Bytes::from(key_bytes), cancel)
+            .await
+            .map_err(|e| RepoError::store("write key file", &key_key, e))?;
+        let keys = master.derive();
+        let outcome = store
+            .put_if_absent(&config_key, Bytes::from(config.encode(&keys.cipher)), cancel)
+            .await
+            .map_err(|e| RepoError::store("write", &config_key, e))?;
+        match outcome {
+            PutOutcome::Created => {
+                Ok((Self::assemble(store, master, config)?, InitOutcome::Created))
+            }
+            PutOutcome::AlreadyExists => {
+                // Lost the race: our key file wraps a key no config uses. Remove it (a leftover
+                // would be harmless: open skips keys that do not decrypt the config).
+                let _ = store.delete(&key_key, cancel).await;
+                Ok((Self::open(store, password, cancel).await?, InitOutcome::AlreadyExisted))
+            }
+        }
+    }
+
+    /// Opens the repository in `store` with `password`.
+    ///
+    /// # Errors
+    /// [`RepoError::NotFound`] when there is no repository, [`RepoError::WrongPassword`] when no
+    /// key file opens with `password`, [`RepoError::Corrupt`] for a damaged config, store
+    /// failures.
+    pub async fn open(
+        store: Arc<dyn ObjectStore>,
+        password: &[u8],
+        cancel: &CancellationToken,
+    ) -> RepoResult<Self> {
+        let config_key = layout::config()?;
+        let config_bytes = match store.get(&config_key, cancel).await {
+            Ok(b) => b,
+            Err(StoreError::NotFound { .. } | StoreError::LocationMissing { .. }) => {
+                return Err(RepoError::NotFound { location: format!("{store:?}") });
+            }
+            Err(e) => return Err(RepoError::store("read", &config_key, e)),
+        };
+        let listed = store
+            .list(layout::KEYS, cancel)
+            .await
+            .map_err(|e| RepoError::store("list", layout::KEYS, e))?;
+        let mut tried = 0;
+        for meta in listed {
+            let bytes = store
+                .get(&meta.key, cancel)
+                .await
+                .map_err(|e| RepoError::store("read key file", &meta.key, e))?;
+            let Ok(file) = KeyFile::decode(&bytes) else { continue };
+            tried += 1;
+            let pw = password.to_vec();
+            let Ok(master) = blocking(move || file.unwrap_with_password(&pw)).await? else {
+                continue;
+            };
+            let keys = master.derive();
+            match Config::decode(&keys.cipher, &config_bytes) {
+                Ok(config) => return Self::assemble(store, master, config),
+                Err(crate::format::FormatError::Authentication) => continue,
+                Err(e) => return Err(RepoError::corrupt("config", e)),
+            }
+        }
+        Err(RepoError::WrongPassword { tried })
+    }
+
+    fn assemble(
+        store: Arc<dyn ObjectStore>,
+        master: MasterKey,
+        config: Config,
+    ) -> RepoResult<Self> {
+        let keys = master.derive();
+        let chunker = Chunker::new(config.chunker, keys.gear())
+            .map_err(|e| RepoError::corrupt("config", e))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                store,
+                keys,
+                master,
+                config,
+                chunker,
+                index: tokio::sync::Mutex::new(None),
+                tree_packs: PackCache::new(64 << 20),
+            }),
+        })
+    }
+
+    /// Adds a key file so `password` also opens the repository (a password change is this plus
+    /// [`Repository::remove_key`] of the old one). No data is rewritten.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn add_password(
+        &self,
+        password: &[u8],
+        kdf: KdfParams,
+        cancel: &CancellationToken,
+    ) -> RepoResult<KeyId> {
+        let (id, bytes) = wrap_key(&self.inner.master, password, kdf).await?;
+        let key = layout::key_file(&id)?;
+        self.store()
+            .put_if_absent(&key, Bytes::from(bytes), cancel)
+            .await
+            .map_err(|e| RepoError::store("write key file", &key, e))?;
+        Ok(id)
+    }
+
+    /// Removes a key file, refusing to remove the last one.
+    ///
+    /// # Errors
+    /// [`RepoError::InvalidInput`] for the last key; store failures.
+    pub async fn remove_key(&self, id: &KeyId, cancel: &CancellationToken) -> RepoResult<()> {
+        let listed = self
+            .store()
+            .list(layout::KEYS, cancel)
+            .await
+            .map_err(|e| RepoError::store("list", layout::KEYS, e))?;
+        if listed.len() <= 1 {
+            return Err(RepoError::InvalidInput {
+                what: "key",
+                reason: "refusing to remove the last key file".into(),
+            });
+        }
+        let key = layout::key_file(id)?;
+        self.store().delete(&key, cancel).await.map_err(|e| RepoError::store("delete", &key, e))
+    }
+
+    /// Repository parameters.
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner.store
+    }
+
+    pub(crate) fn keys(&self) -> &RepoKeys {
+        &self.inner.keys
+    }
+
+    pub(crate) fn chunker(&self) -> &Chunker {
+        &self.inner.chunker
+    }
+
+    /// Every snapshot, oldest first.
+    ///
+    /// # Errors
+    /// Store failures; [`RepoError::Corrupt`] naming a damaged snapshot.
+    pub async fn snapshots(
+        &self,
+        cancel: &CancellationToken,
+    ) -> RepoResult<Vec<(SnapshotId, Snapshot)>> {
+        let ids = self.snapshot_ids(cancel).await?;
+        let mut out: Vec<(SnapshotId, Snapshot)> = futures::stream::iter(ids)
+            .map(|id| async move { self.load_snapshot(&id, cancel).await.map(|s| (id, s)) })
+            .buffer_unordered(LOAD_CONCURRENCY)
+            .try_collect()
+            .await?;
+        out.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));
+        Ok(out)
+    }
+
+    /// Ids of every snapshot.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn snapshot_ids(&self, cancel: &CancellationToken) -> RepoResult<Vec<SnapshotId>> {
+        let listed = self
+            .store()
+            .list(layout::SNAPSHOTS, cancel)
+            .await
+            .map_err(|e| RepoError::store("list", layout::SNAPSHOTS, e))?;
+        Ok(listed.iter().filter_map(|m| layout::id_of(&m.key)).map(SnapshotId).collect())
+    }
+
+    /// Reads one snapshot, checking that its bytes hash to its id.
+    ///
+    /// # Errors
+    /// Store failures; [`RepoError::Corrupt`] for damaged bytes.
+    pub async fn load_snapshot(
+        &self,
+        id: &SnapshotId,
+        cancel: &CancellationToken,
+    ) -> RepoResult<Snapshot> {
+        let key = layout::snapshot(id)?;
+        let bytes = self
+            .store()
+            .get(&key, cancel)
+            .await
+            .map_err(|e| RepoError::store("read snapshot", &key, e))?;
+        let object = format!("snapshot {key}");
+        if content_address(&bytes) != id.0 {
+            return Err(RepoError::corrupt(
+                object,
+                crate::format::FormatError::HashMismatch { what: key.to_string() },
+            ));
+        }
+        Snapshot::decode(&self.keys().cipher, &bytes).map_err(|e| RepoError::corrupt(object, e))
+    }
+
+    /// Resolves a full id or a unique prefix of at least 4 hex digits.
+    ///
+    /// # Errors
+    /// [`RepoError::SnapshotLookup`] when nothing or more than one snapshot matches.
+    pub async fn find_snapshot(
+        &self,
+        query: &str,
+        cancel: &CancellationToken,
+    ) -> RepoResult<SnapshotId> {
+        let lookup = |reason: &str| RepoError::SnapshotLookup {
+            query: query.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let q = query.to_ascii_lowercase();
+        if q.len() < 4 || !q.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(lookup("not a snapshot id (at least 4 hex digits)"));
+        }
+        let matches: Vec<SnapshotId> = self
+            .snapshot_ids(cancel)
+            .await?
+            .into_iter()
+            .filter(|id| id.to_hex().starts_with(&q))
+            .collect();
+        match matches.as_slice() {
+            [one] => Ok(*one),
+            [] => Err(lookup("not found")),
+            _ => Err(lookup("ambiguous prefix")),
+        }
+    }
+
+    /// Stores a snapshot manifest: the commit point. Call only once everything it references
+    /// is stored and indexed.
+    pub(crate) async fn save_snapshot(
+        &self,
+        snapshot: &Snapshot,
+        cancel: &CancellationToken,
+    ) -> RepoResult<SnapshotId> {
+        let bytes = snapshot.encode(&self.keys().cipher);
+        let id = SnapshotId(content_address(&bytes));
+        let key = layout::snapshot(&id)?;
+        self.store()
+            .put_if_absent(&key, Bytes::from(bytes), cancel)
+            .await
+            .map_err(|e| RepoError::store("write snapshot", &key, e))?;
+        Ok(id)
+    }
+
+    /// Deletes a snapshot manifest (the data it alone references is reclaimed by garbage
+    /// collection).
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn forget(&self, id: &SnapshotId, cancel: &CancellationToken) -> RepoResult<()> {
+        let key = layout::snapshot(id)?;
+        self.store()
+            .delete(&key, cancel)
+            .await
+            .map_err(|e| RepoError::store("delete snapshot", &key, e))
+    }
+
+    /// The index, loading it on first use.
+    pub(crate) async fn index(&self, cancel: &CancellationToken) -> RepoResult<Arc<MemIndex>> {
+        let mut slot = self.inner.index.lock().await;
+        if let Some(index) = slot.as_ref() {
+            return Ok(Arc::clone(index));
+        }
+        let index = Arc::new(self.load_index(cancel).await?);
+        *slot = Some(Arc::clone(&index));
+        Ok(index)
+    }
+
+    /// Reloads the index if other writers added index files since it was loaded.
+    pub(crate) async fn refresh_index(
+        &self,
+        cancel: &CancellationToken,
+    ) -> RepoResult<Arc<MemIndex>> {
+        let mut slot = self.inner.index.lock().await;
+        if let Some(index) = slot.as_ref() {
+            let ids = self.index_ids(cancel).await?;
+            if ids.iter().all(|id| index.files().contains(id)) && index.files().len() == ids.len() {
+                return Ok(Arc::clone(index));
+            }
+        }
+        let index = Arc::new(self.load_index(cancel).await?);
+        *slot = Some(Arc::clone(&index));
+        Ok(index)
+    }
+
+    pub(crate) async fn index_ids(&self, cancel: &CancellationToken) -> RepoResult<Vec<IndexId>> {
+        let listed = self
+            .store()
+            .list(layout::INDEX, cancel)
+            .await
+            .map_err(|e| RepoError::store("list", layout::INDEX, e))?;
+        Ok(listed.iter().filter_map(|m| layout::id_of(&m.key)).map(IndexId).collect())
+    }
+
+    /// Reads and authenticates one index file.
+    pub(crate) async fn read_index_file(
+        &self,
+        id: IndexId,
+        cancel: &CancellationToken,
+    ) -> RepoResult<IndexFile> {
+        let key = layout::index(&id)?;
+        let bytes = self
+            .store()
+            .get(&key, cancel)
+            .await
+            .map_err(|e| RepoError::store("read index", &key, e))?;
+        let cipher = self.keys().cipher.clone();
+        blocking(move || {
+            let object = format!("index {key}");
+            if content_address(&bytes) != id.0 {
+                return Err(RepoError::corrupt(
+                    object,
+                    crate::format::FormatError::HashMismatch { what: key.to_string() },
+                ));
+            }
+            IndexFile::decode(&cipher, &bytes).map_err(|e| RepoError::corrupt(object, e))
+        })
+        .await?
+    }
+
+    async fn load_index(&self, cancel: &CancellationToken) -> RepoResult<MemIndex> {
+        let ids = self.index_ids(cancel).await?;
+        let files: Vec<(IndexId, IndexFile)> = futures::stream::iter(ids)
+            .map(|id| async move { self.read_index_file(id, cancel).await.map(|f| (id, f)) })
+            .buffer_unordered(LOAD_CONCURRENCY)
+            .try_collect()
+            .await?;
+        blocking(move || MemIndex::build(files)).await
+    }
+
+    /// Reads, authenticates and verifies one blob.
+    pub(crate) async fn read_blob(
+        &self,
+        id: &BlobId,
+        referrer: &str,
+        cancel: &CancellationToken,
+    ) -> RepoResult<Vec<u8>> {
+        let index = self.index(cancel).await?;
+        let loc = index
+            .lookup(id)
+            .ok_or_else(|| RepoError::MissingBlob { id: *id, referrer: referrer.to_owned() })?;
+        let key = layout::pack(&loc.pack)?;
+        let sealed = if loc.kind == ObjectKind::TreeBlob {
+            self.tree_pack_bytes(&index, &loc, cancel).await?
+        } else {
+            None
+        };
+        let sealed = match sealed {
+            Some(bytes) => bytes,
+            None => self
+                .store()
+                .get_range(&key, u64::from(loc.offset), u64::from(loc.length), cancel)
+                .await
+                .map_err(|e| RepoError::store("read blob from pack", &key, e))?,
+        };
+        // Tree blobs are small: authenticate inline. Large data blobs go to a blocking thread.
+        if loc.kind == ObjectKind::TreeBlob || sealed.len() < (256 << 10) {
+            return open_blob(self.keys(), id, loc.kind, &sealed)
+                .map_err(|e| RepoError::corrupt(format!("{} {id} in pack {key}", loc.kind), e));
+        }
+        let keys = self.keys().clone();
+        let id = *id;
+        blocking(move || {
+            open_blob(&keys, &id, loc.kind, &sealed)
+                .map_err(|e| RepoError::corrupt(format!("{} {id} in pack {key}", loc.kind), e))
+        })
+        .await?
+    }
+
+    /// The sealed bytes of a tree blob from a cached whole-pack read.
+    async fn tree_pack_bytes(
+        &self,
+        index: &MemIndex,
+        loc: &BlobLocation,
+        cancel: &CancellationToken,
+    ) -> RepoResult<Option<Bytes>> {
+        let cache = &self.inner.tree_packs;
+        let pack = match cache.get(&loc.pack) {
+            Some(pack) => pack,
+            None => {
+                let Some(size) = index.pack_size(&loc.pack) else { return Ok(None) };
+                if !cache.fits(size) {
+                    return Ok(None);
+                }
+                let key = layout::pack(&loc.pack)?;
+                let bytes = self
+                    .store()
+                    .get(&key, cancel)
+                    .await
+                    .map_err(|e| RepoError::store("read tree pack", &key, e))?;
+                cache.insert(loc.pack, bytes.clone());
+                bytes
+            }
+        };
+        let (start, end) = (loc.offset as usize, loc.offset as usize + loc.length as usize);
+        Ok((end <= pack.len()).then(|| pack.slice(start..end)))
+    }
+
+    /// Reads and decodes one tree page.
+    pub(crate) async fn read_tree(
+        &self,
+        id: &BlobId,
+        referrer: &str,
+        cancel: &CancellationToken,
+    ) -> RepoResult<TreePage> {
+        let index = self.index(cancel).await?;
+        if let Some(loc) = index.lookup(id).filter(|l| l.kind != ObjectKind::TreeBlob) {
+            return Err(RepoError::corrupt(
+                format!("{} {id} referenced as a tree by {referrer}", loc.kind),
+                crate::format::FormatError::WrongKind {
+                    expected: ObjectKind::TreeBlob,
+                    found: loc.kind,
+                },
+            ));
+        }
+        let raw = self.read_blob(id, referrer, cancel).await?;
+        TreePage::decode(&raw).map_err(|e| RepoError::corrupt(format!("tree blob {id}"), e))
+    }
+
+    /// Where a blob is stored, loading the index if needed.
+    ///
+    /// # Errors
+    /// As loading the index.
+    pub async fn locate(
+        &self,
+        id: &BlobId,
+        cancel: &CancellationToken,
+    ) -> RepoResult<Option<BlobLocation>> {
+        Ok(self.index(cancel).await?.lookup(id))
+    }
+}
+async fn wrap_key(
+    master: &MasterKey,
+    password: &[u8],
+    kdf: KdfParams,
+) -> RepoResult<(KeyId, Vec<u8>)> {
+    let (master, password) = (master.clone(), password.to_vec());
+    let file = blocking(move || {
+        KeyFile::wrap_with_password(&master, &password, kdf, hostname(), unix_now())
+    })
+    .await?
+    .map_err(|e| RepoError::InvalidInput {
+        what: "key derivation parameters",
+        reason: e.to_string(),
+    })?;
+    let bytes = file.encode();
+    Ok((KeyId(content_address(&bytes)), bytes))
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

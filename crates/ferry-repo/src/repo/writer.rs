@@ -1,0 +1,247 @@
+//! Writing blobs: per-thread pack builders, a concurrent uploader, index checkpoints.
+//!
+//! Workers share one open pack per blob kind through [`LocalPacker`]s; each blob is compressed
+//! and encrypted on its worker and only copied into the pack under a lock. A full pack is
+//! sealed on the worker and handed to the uploader task,
+//! which stores up to [`UPLOAD_CONCURRENCY`] packs at once. Only after a pack is stored are its
+//! blobs added to the in-memory index and queued for the next index file; an index file is
+//! written every [`CHECKPOINT_PACKS`] packs or [`CHECKPOINT_INTERVAL`], and at the end. So an
+//! interrupted backup leaves indexed packs that the next backup deduplicates against, and an
+//! index never names a pack that is not stored.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{RepoError, RepoResult};
+use crate::format::{
+    BlobId, IndexFile, IndexId, IndexPack, ObjectKind, PackBuilder, SealedPack, content_address,
+    seal_blob,
+};
+use crate::repo::{MemIndex, Repository, layout};
+
+/// Packs stored at once.
+pub(crate) const UPLOAD_CONCURRENCY: usize = 3;
+/// Packs per index checkpoint.
+pub(crate) const CHECKPOINT_PACKS: usize = 8;
+/// Longest time between index checkpoints while packs are being stored.
+pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Counters of what was stored.
+#[derive(Debug, Default)]
+pub(crate) struct WriteStats {
+    /// Plaintext bytes of new blobs.
+    pub(crate) raw_bytes: AtomicU64,
+    /// Bytes of packs stored.
+    pub(crate) stored_bytes: AtomicU64,
+    /// Blobs added.
+    pub(crate) blobs: AtomicU64,
+}
+
+/// Hands sealed packs to the uploader. Cloned into every worker.
+#[derive(Debug, Clone)]
+pub(crate) struct PackSink {
+    tx: mpsc::Sender<SealedPack>,
+    data: Arc<Mutex<PackBuilder>>,
+    tree: Arc<Mutex<PackBuilder>>,
+}
+
+impl PackSink {
+    fn send(&self, pack: SealedPack) -> RepoResult<()> {
+        self.tx.blocking_send(pack).map_err(|_| RepoError::Internal {
+            what: "pack uploader",
+            reason: "stopped (see the upload error)".into(),
+        })
+    }
+}
+
+/// The running uploader.
+#[derive(Debug)]
+pub(crate) struct Uploader {
+    task: tokio::task::JoinHandle<RepoResult<Vec<IndexId>>>,
+    pub(crate) stats: Arc<WriteStats>,
+}
+
+impl Uploader {
+    /// Starts the uploader on the current runtime.
+    pub(crate) fn start(
+        repo: &Repository,
+        index: Arc<MemIndex>,
+        cancel: &CancellationToken,
+    ) -> (PackSink, Self) {
+        let (tx, rx) = mpsc::channel(1);
+        let stats = Arc::new(WriteStats::default());
+        let task = tokio::spawn(run(repo.clone(), index, rx, Arc::clone(&stats), cancel.clone()));
+        (PackSink { tx, data: Arc::default(), tree: Arc::default() }, Self { task, stats })
+    }
+
+    /// Waits until every pack sent is stored and indexed. All sinks must be dropped first.
+    pub(crate) async fn finish(self) -> RepoResult<Vec<IndexId>> {
+        self.task
+            .await
+            .map_err(|e| RepoError::Internal { what: "pack uploader", reason: e.to_string() })?
+    }
+}
+
+async fn run(
+    repo: Repository,
+    index: Arc<MemIndex>,
+    mut rx: mpsc::Receiver<SealedPack>,
+    stats: Arc<WriteStats>,
+    cancel: CancellationToken,
+) -> RepoResult<Vec<IndexId>> {
+    let mut uploads: JoinSet<RepoResult<IndexPack>> = JoinSet::new();
+    let mut pending: Vec<IndexPack> = Vec::new();
+    let mut written = Vec::new();
+    let mut last_checkpoint = Instant::now();
+    let mut open = true;
+    let result: RepoResult<()> = async {
+        while open || !uploads.is_empty() {
+            tokio::select! {
+                received = rx.recv(), if open && uploads.len() < UPLOAD_CONCURRENCY => match received {
+                    Some(pack) => {
+                        let (repo, cancel) = (repo.clone(), cancel.clone());
+                        uploads.spawn(async move { upload(&repo, pack, &cancel).await });
+                    }
+                    None => open = false,
+                },
+                Some(done) = uploads.join_next() => {
+                    let pack = done.map_err(|e| RepoError::Internal { what: "pack upload", reason: e.to_string() })??;
+                    index.add_pack(pack.id, pack.size, &pack.entries);
+                    stats.stored_bytes.fetch_add(pack.size, Ordering::Relaxed);
+                    pending.push(pack);
+                    if pending.len() >= CHECKPOINT_PACKS || last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL {
+                        written.push(write_index(&repo, std::mem::take(&mut pending), &cancel).await?);
+                        last_checkpoint = Instant::now();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => {
+            if !pending.is_empty() {
+                written.push(write_index(&repo, pending, &cancel).await?);
+            }
+            Ok(written)
+        }
+        Err(e) => {
+            // Keep what was stored reusable: index the finished packs, briefly, even after a
+            // cancellation (their data is durable, only the index entry is missing).
+            if !pending.is_empty() {
+                let grace = CancellationToken::new();
+                let save = write_index(&repo, pending, &grace);
+                let _ = tokio::time::timeout(Duration::from_millis(800), save).await;
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn upload(
+    repo: &Repository,
+    pack: SealedPack,
+    cancel: &CancellationToken,
+) -> RepoResult<IndexPack> {
+    let key = layout::pack(&pack.id)?;
+    let size = pack.bytes.len() as u64;
+    repo.store()
+        .put_if_absent(&key, Bytes::from(pack.bytes), cancel)
+        .await
+        .map_err(|e| RepoError::store("upload pack", &key, e))?;
+    Ok(IndexPack { id: pack.id, size, entries: pack.entries })
+}
+
+/// Stores one index file naming `packs` (all already stored).
+pub(crate) async fn write_index(
+    repo: &Repository,
+    packs: Vec<IndexPack>,
+    cancel: &CancellationToken,
+) -> RepoResult<IndexId> {
+    let file = IndexFile { packs, supersedes: Vec::new() };
+    let bytes = file.encode(&repo.keys().cipher);
+    let id = IndexId(content_address(&bytes));
+    let key = layout::index(&id)?;
+    repo.store()
+        .put_if_absent(&key, Bytes::from(bytes), cancel)
+        .await
+        .map_err(|e| RepoError::store("write index", &key, e))?;
+    Ok(id)
+}
+
+/// A worker's handle on the shared open packs (one per blob kind). Blobs are compressed and
+/// encrypted on the worker; only the copy into the pack happens under the lock, so all workers
+/// fill the same pack and memory holds one open pack per kind, not one per worker.
+#[derive(Debug)]
+pub(crate) struct LocalPacker {
+    repo: Repository,
+    sink: PackSink,
+    stats: Arc<WriteStats>,
+    level: i32,
+    target: usize,
+}
+
+impl LocalPacker {
+    pub(crate) fn new(
+        repo: &Repository,
+        sink: &PackSink,
+        stats: &Arc<WriteStats>,
+        level: i32,
+    ) -> Self {
+        Self {
+            repo: repo.clone(),
+            sink: sink.clone(),
+            stats: Arc::clone(stats),
+            level,
+            target: repo.config().packs.target_size as usize,
+        }
+    }
+
+    /// Compresses, encrypts and packs one blob; returns its sealed size.
+    pub(crate) fn add(&mut self, kind: ObjectKind, id: BlobId, raw: &[u8]) -> RepoResult<u64> {
+        let keys = self.repo.keys();
+        let level = if kind == ObjectKind::TreeBlob {
+            crate::format::DEFAULT_DATA_LEVEL.max(3)
+        } else {
+            self.level
+        };
+        let sealed = seal_blob(keys, id, kind, level, raw);
+        self.stats.raw_bytes.fetch_add(raw.len() as u64, Ordering::Relaxed);
+        self.stats.blobs.fetch_add(1, Ordering::Relaxed);
+        let open = if kind == ObjectKind::TreeBlob { &self.sink.tree } else { &self.sink.data };
+        let full = {
+            let mut builder = open.lock().map_err(|_| RepoError::Internal {
+                what: "pack writer",
+                reason: "lock poisoned".into(),
+            })?;
+            builder.push_sealed(id, kind, &sealed, raw.len());
+            (builder.size() >= self.target).then(|| std::mem::take(&mut *builder))
+        };
+        if let Some(full) = full {
+            self.sink.send(full.finish(&keys.cipher))?;
+        }
+        Ok(sealed.len() as u64)
+    }
+}
+
+impl PackSink {
+    /// Seals and sends the partly filled shared packs; call once every writer is done.
+    pub(crate) fn flush(&self, repo: &Repository) -> RepoResult<()> {
+        for open in [&self.data, &self.tree] {
+            let builder = open.lock().map(|mut b| std::mem::take(&mut *b)).map_err(|_| {
+                RepoError::Internal { what: "pack writer", reason: "lock poisoned".into() }
+            })?;
+            if !builder.is_empty() {
+                self.send(builder.finish(&repo.keys().cipher))?;
+            }
+        }
+        Ok(())
+    }
+}

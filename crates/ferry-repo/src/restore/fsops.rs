@@ -1,0 +1,244 @@
+//! File-system operations for restore, each relative to a directory descriptor and never
+//! following a symbolic link.
+//!
+//! Names reaching these functions are single components checked by [`validate_name`]; every
+//! open uses `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`
+//! (falling back to `openat` with `O_NOFOLLOW` on kernels without it), so nothing a previous
+//! restore or another process left in the target can redirect a write outside it.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{FchmodatFlags, Mode, SFlag, UtimensatFlags};
+use nix::sys::time::TimeSpec;
+use nix::unistd::{Gid, Uid, UnlinkatFlags};
+
+use crate::format::{Metadata, Timestamp, validate_name};
+use crate::sys;
+
+pub(crate) fn err(e: Errno) -> io::Error {
+    io::Error::from(e)
+}
+
+/// Opens `name` under `dir` without following links and without leaving `dir`.
+pub(crate) fn open_beneath(
+    dir: &OwnedFd,
+    name: &[u8],
+    flags: OFlag,
+    mode: Mode,
+) -> io::Result<OwnedFd> {
+    validate_name(name).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let how = OpenHow::new().flags(flags).mode(mode).resolve(
+        ResolveFlag::RESOLVE_BENEATH
+            | ResolveFlag::RESOLVE_NO_SYMLINKS
+            | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+    );
+    match nix::fcntl::openat2(dir.as_fd(), name, how) {
+        Err(Errno::ENOSYS) => nix::fcntl::openat(dir.as_fd(), name, flags, mode).map_err(err),
+        other => other.map_err(err),
+    }
+}
+
+/// Opens the directory `name` under `dir`.
+pub(crate) fn open_dir(dir: &OwnedFd, name: &[u8]) -> io::Result<OwnedFd> {
+    open_beneath(dir, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY, Mode::empty())
+}
+
+/// The type of whatever is at `name`, without following it; `None` if nothing is.
+fn existing_type(dir: &OwnedFd, name: &[u8]) -> io::Result<Option<u32>> {
+    match nix::sys::stat::fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(st.st_mode & libc::S_IFMT)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(err(e)),
+    }
+}
+
+/// Removes whatever is at `name` (a whole directory tree included), never following links.
+pub(crate) fn remove_any(dir: &OwnedFd, name: &[u8]) -> io::Result<()> {
+    match existing_type(dir, name)? {
+        None => Ok(()),
+        Some(libc::S_IFDIR) => {
+            let sub = open_dir(dir, name)?;
+            let mut names = Vec::new();
+            let mut d = nix::dir::Dir::from_fd(sub.try_clone()?).map_err(err)?;
+            for entry in d.iter() {
+                let entry = entry.map_err(err)?;
+                let n = entry.file_name().to_bytes();
+                if n != b"." && n != b".." {
+                    names.push(n.to_vec());
+                }
+            }
+            for n in names {
+                remove_any(&sub, &n)?;
+            }
+            nix::unistd::unlinkat(dir.as_fd(), name, UnlinkatFlags::RemoveDir).map_err(err)
+        }
+        Some(_) => {
+            nix::unistd::unlinkat(dir.as_fd(), name, UnlinkatFlags::NoRemoveDir).map_err(err)
+        }
+    }
+}
+
+/// Runs `create`; if something already exists at `name`, removes it (never following it) and
+/// tries once more. Creating first keeps the common case (a fresh target) to one system call.
+fn create_replacing<T>(
+    dir: &OwnedFd,
+    name: &[u8],
+    mut create: impl FnMut() -> io::Result<T>,
+) -> io::Result<T> {
+    match create() {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            remove_any(dir, name)?;
+            create()
+        }
+        other => other,
+    }
+}
+
+/// Makes `name` a directory we can write into: an existing directory is kept, anything else
+/// (a symlink planted by an earlier restore included) is replaced.
+pub(crate) fn ensure_dir(dir: &OwnedFd, name: &[u8]) -> io::Result<OwnedFd> {
+    let mode = Mode::from_bits_truncate(0o700);
+    match nix::sys::stat::mkdirat(dir.as_fd(), name, mode) {
+        Ok(()) => {}
+        Err(Errno::EEXIST) => {
+            if existing_type(dir, name)? != Some(libc::S_IFDIR) {
+                remove_any(dir, name)?;
+                nix::sys::stat::mkdirat(dir.as_fd(), name, mode).map_err(err)?;
+            }
+        }
+        Err(e) => return Err(err(e)),
+    }
+    open_dir(dir, name)
+}
+
+/// Creates a fresh regular file at `name` (replacing whatever was there) for writing.
+pub(crate) fn create_file(dir: &OwnedFd, name: &[u8]) -> io::Result<std::fs::File> {
+    let fd = create_replacing(dir, name, || {
+        open_beneath(
+            dir,
+            name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+            Mode::from_bits_truncate(0o600),
+        )
+    })?;
+    Ok(std::fs::File::from(fd))
+}
+
+/// Creates a special node (fifo, device, socket) at `name`, replacing whatever was there.
+pub(crate) fn create_node(dir: &OwnedFd, name: &[u8], kind: SFlag, rdev: u64) -> io::Result<()> {
+    create_replacing(dir, name, || {
+        nix::sys::stat::mknodat(dir.as_fd(), name, kind, Mode::from_bits_truncate(0o600), rdev)
+            .map_err(err)
+    })
+}
+
+/// Creates a symbolic link at `name`, replacing whatever was there. The target text is stored,
+/// never resolved.
+pub(crate) fn create_symlink(dir: &OwnedFd, name: &[u8], target: &[u8]) -> io::Result<()> {
+    create_replacing(dir, name, || nix::unistd::symlinkat(target, dir.as_fd(), name).map_err(err))
+}
+
+/// Links `name` to the existing `first` (a hard link inside the target).
+pub(crate) fn hard_link(
+    first_dir: &OwnedFd,
+    first: &[u8],
+    dir: &OwnedFd,
+    name: &[u8],
+) -> io::Result<()> {
+    create_replacing(dir, name, || {
+        nix::unistd::linkat(first_dir.as_fd(), first, dir.as_fd(), name, AtFlags::empty())
+            .map_err(err)
+    })
+}
+
+fn timespec(t: Timestamp) -> TimeSpec {
+    TimeSpec::new(t.sec, i64::from(t.nsec))
+}
+
+/// Problems setting metadata that do not fail a restore (the target file system may not
+/// support them); counted and logged.
+#[derive(Debug, Default)]
+pub(crate) struct Warnings(pub(crate) Vec<String>);
+
+fn set_xattrs(target: sys::Target<'_>, meta: &Metadata, what: &str, warnings: &mut Warnings) {
+    for x in &meta.xattrs {
+        if let Err(e) = sys::set_xattr(target, &x.name, &x.value) {
+            warnings.0.push(format!("{what}: set xattr {}: {e}", String::from_utf8_lossy(&x.name)));
+        }
+    }
+}
+
+/// Sets metadata through an open descriptor of a regular file or directory.
+pub(crate) fn apply_fd(
+    fd: &impl AsFd,
+    meta: &Metadata,
+    owners: bool,
+    what: &str,
+    warnings: &mut Warnings,
+) -> io::Result<()> {
+    let fd = fd.as_fd();
+    set_xattrs(sys::Target::Fd(fd), meta, what, warnings);
+    if owners {
+        nix::unistd::fchown(fd, Some(Uid::from_raw(meta.uid)), Some(Gid::from_raw(meta.gid)))
+            .map_err(err)?;
+    }
+    nix::sys::stat::fchmod(fd, Mode::from_bits_truncate(meta.mode & 0o7777)).map_err(err)?;
+    nix::sys::stat::futimens(fd, &timespec(meta.atime), &timespec(meta.mtime)).map_err(err)
+}
+
+/// Sets metadata of a symlink or special node by name, never following it.
+pub(crate) fn apply_at(
+    dir: &OwnedFd,
+    name: &[u8],
+    meta: &Metadata,
+    symlink: bool,
+    owners: bool,
+    what: &str,
+    warnings: &mut Warnings,
+) -> io::Result<()> {
+    // `/proc/self/fd/<dir>/<name>`: the magic link resolves to exactly our directory, and the
+    // single-component name is not followed by the l*xattr calls.
+    let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+    path.extend_from_slice(name);
+    if let Ok(cpath) = CString::new(path) {
+        set_xattrs(sys::Target::PathNoFollow(&cpath), meta, what, warnings);
+    }
+    if owners {
+        nix::unistd::fchownat(
+            dir.as_fd(),
+            name,
+            Some(Uid::from_raw(meta.uid)),
+            Some(Gid::from_raw(meta.gid)),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(err)?;
+    }
+    if !symlink {
+        // chmod cannot skip links by name on older kernels; go through an O_PATH descriptor of
+        // the node itself, which cannot be a link we did not create.
+        let node = open_beneath(dir, name, OFlag::O_PATH, Mode::empty())?;
+        let proc = format!("/proc/self/fd/{}", node.as_raw_fd());
+        match nix::sys::stat::fchmodat(
+            nix::fcntl::AT_FDCWD,
+            proc.as_str(),
+            Mode::from_bits_truncate(meta.mode & 0o7777),
+            FchmodatFlags::FollowSymlink,
+        ) {
+            Ok(()) => {}
+            Err(e) => return Err(err(e)),
+        }
+    }
+    nix::sys::stat::utimensat(
+        dir.as_fd(),
+        name,
+        &timespec(meta.atime),
+        &timespec(meta.mtime),
+        UtimensatFlags::NoFollowSymlink,
+    )
+    .map_err(err)
+}

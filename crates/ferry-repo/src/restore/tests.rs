@@ -1,0 +1,180 @@
+//! Restores of hand-crafted hostile snapshots.
+
+use std::sync::Arc;
+
+use ferry_store::{MemoryStore, ObjectStore};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::format::{FileContent, Metadata, ObjectKind, Snapshot, Summary, Timestamp, TreePage};
+use crate::repo::tests::{fast_options, write_blobs, write_blobs_of};
+
+fn node(name: &[u8], body: NodeBody) -> Node {
+    Node {
+        name: name.to_vec(),
+        body,
+        meta: Metadata { mode: 0o755, ..Metadata::default() },
+        hardlink: None,
+        error: None,
+    }
+}
+
+async fn repo() -> RepoResult<Repository> {
+    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    Ok(Repository::init(store, b"pw", &fast_options(), &CancellationToken::new()).await?.0)
+}
+
+async fn file(repo: &Repository, data: &[u8]) -> RepoResult<NodeBody> {
+    let ids = write_blobs(repo, vec![data.to_vec()]).await?;
+    let len = u32::try_from(data.len()).unwrap_or(0);
+    Ok(NodeBody::File(FileContent {
+        size: data.len() as u64,
+        extents: None,
+        chunks: vec![crate::format::ChunkRef { id: ids[0], len }],
+    }))
+}
+
+/// Stores pages as written (no validation) and a snapshot whose root lists `root_pages`.
+async fn snapshot_of(repo: &Repository, pages: Vec<Vec<Node>>) -> RepoResult<SnapshotId> {
+    let raw: Vec<Vec<u8>> =
+        pages.into_iter().map(|entries| TreePage { entries }.encode()).collect();
+    let ids = write_blobs_of(repo, ObjectKind::TreeBlob, raw).await?;
+    snapshot_with_root(repo, ids).await
+}
+
+async fn snapshot_with_root(repo: &Repository, pages: Vec<BlobId>) -> RepoResult<SnapshotId> {
+    let snap = Snapshot {
+        time: Timestamp::default(),
+        hostname: "h".into(),
+        source: "s".into(),
+        paths: vec![],
+        tags: vec![],
+        parent: None,
+        root: node(b"", NodeBody::Dir { pages }),
+        summary: Summary::default(),
+        program: "test".into(),
+    };
+    // A fresh repository handle so the index written above is loaded.
+    repo.refresh_index(&CancellationToken::new()).await?;
+    repo.save_snapshot(&snap, &CancellationToken::new()).await
+}
+
+/// Restores into `<tmp>/target` and returns the error and whether anything appeared beside it.
+async fn restore_hostile(
+    repo: &Repository,
+    id: SnapshotId,
+) -> RepoResult<(RepoResult<RestoreSummary>, Vec<String>)> {
+    let base = tempfile::tempdir().map_err(|e| RepoError::io("tempdir", "/tmp", e))?;
+    let target = base.path().join("target");
+    let r =
+        restore(repo, &id, &target, &RestoreOptions::default(), None, &CancellationToken::new())
+            .await;
+    let beside: Vec<String> = std::fs::read_dir(base.path())
+        .map_err(|e| RepoError::io("list", base.path(), e))?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n != "target")
+        .collect();
+    Ok((r, beside))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traversal_and_separator_names_are_refused() -> RepoResult<()> {
+    let repo = repo().await?;
+    for bad in [&b"../x"[..], b"..", b"a/b", b"/abs", b".", b"", b"nul\0byte"] {
+        let body = file(&repo, b"payload").await?;
+        let id = snapshot_of(&repo, vec![vec![node(bad, body)]]).await?;
+        let (r, beside) = restore_hostile(&repo, id).await?;
+        assert!(matches!(r, Err(RepoError::Corrupt { .. })), "{bad:?}: {r:?}");
+        assert!(beside.is_empty(), "{bad:?} wrote {beside:?} outside the target");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_names_are_refused_within_and_across_pages() -> RepoResult<()> {
+    let repo = repo().await?;
+    let body = file(&repo, b"payload").await?;
+    let within =
+        snapshot_of(&repo, vec![vec![node(b"a", body.clone()), node(b"a", body.clone())]]).await?;
+    assert!(matches!(restore_hostile(&repo, within).await?.0, Err(RepoError::Corrupt { .. })));
+    // A symlink named `x` in one page, then a directory `x` with a file in the next: the
+    // classic symlink-then-file trick.
+    let inner = write_blobs_of(
+        &repo,
+        ObjectKind::TreeBlob,
+        vec![TreePage { entries: vec![node(b"f", body.clone())] }.encode()],
+    )
+    .await?;
+    let outside = tempfile::tempdir().map_err(|e| RepoError::io("tempdir", "/tmp", e))?;
+    let link = node(
+        b"x",
+        NodeBody::Symlink { target: outside.path().as_os_str().as_encoded_bytes().to_vec() },
+    );
+    let across =
+        snapshot_of(&repo, vec![vec![link], vec![node(b"x", NodeBody::Dir { pages: inner })]])
+            .await?;
+    let (r, beside) = restore_hostile(&repo, across).await?;
+    assert!(matches!(r, Err(RepoError::UnsafeEntry { .. })), "{r:?}");
+    assert!(beside.is_empty());
+    assert_eq!(
+        std::fs::read_dir(outside.path()).map(|d| d.count()).unwrap_or(99),
+        0,
+        "wrote through the symlink"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nesting_beyond_the_limit_is_refused() -> RepoResult<()> {
+    let repo = repo().await?;
+    let mut pages =
+        write_blobs_of(&repo, ObjectKind::TreeBlob, vec![TreePage::default().encode()]).await?;
+    for _ in 0..MAX_DEPTH + 1 {
+        let page = TreePage { entries: vec![node(b"d", NodeBody::Dir { pages })] }.encode();
+        pages = write_blobs_of(&repo, ObjectKind::TreeBlob, vec![page]).await?;
+    }
+    let id = snapshot_with_root(&repo, pages).await?;
+    let (r, beside) = restore_hostile(&repo, id).await?;
+    assert!(matches!(r, Err(RepoError::UnsafeEntry { .. })), "{r:?}");
+    assert!(beside.is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_blob_in_place_of_a_data_blob_is_refused() -> RepoResult<()> {
+    let repo = repo().await?;
+    let page = TreePage::default().encode();
+    let ids = write_blobs_of(&repo, ObjectKind::TreeBlob, vec![page.clone()]).await?;
+    let len = u32::try_from(page.len()).unwrap_or(0);
+    let body = NodeBody::File(FileContent {
+        size: u64::from(len),
+        extents: None,
+        chunks: vec![crate::format::ChunkRef { id: ids[0], len }],
+    });
+    let id = snapshot_of(&repo, vec![vec![node(b"f", body)]]).await?;
+    // The tree blob authenticates only as a tree blob, never as file data.
+    let (r, _) = restore_hostile(&repo, id).await?;
+    assert!(matches!(r, Err(RepoError::Corrupt { .. })), "{r:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_and_wrongly_sized_chunks_fail_the_restore() -> RepoResult<()> {
+    let repo = repo().await?;
+    let ids = write_blobs(&repo, vec![b"12345".to_vec()]).await?;
+    let wrong_len = NodeBody::File(FileContent {
+        size: 6,
+        extents: None,
+        chunks: vec![crate::format::ChunkRef { id: ids[0], len: 6 }],
+    });
+    let id = snapshot_of(&repo, vec![vec![node(b"f", wrong_len)]]).await?;
+    assert!(matches!(restore_hostile(&repo, id).await?.0, Err(RepoError::Corrupt { .. })));
+    let missing = NodeBody::File(FileContent {
+        size: 5,
+        extents: None,
+        chunks: vec![crate::format::ChunkRef { id: BlobId([9; 32]), len: 5 }],
+    });
+    let id = snapshot_of(&repo, vec![vec![node(b"f", missing)]]).await?;
+    assert!(matches!(restore_hostile(&repo, id).await?.0, Err(RepoError::MissingBlob { .. })));
+    Ok(())
+}

@@ -1,0 +1,144 @@
+//! Thin wrappers over system calls that neither std nor nix offer: extended attributes.
+//!
+//! This is the one module allowed `unsafe`: each block passes a valid NUL-terminated path or
+//! an open descriptor and a buffer whose length is passed alongside, as the calls require.
+#![allow(unsafe_code)]
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use crate::format::Xattr;
+
+/// Where to read or write attributes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Target<'a> {
+    /// An open descriptor (`f*xattr`).
+    Fd(BorrowedFd<'a>),
+    /// A path whose last component is not followed (`l*xattr`).
+    PathNoFollow(&'a CStr),
+}
+
+fn unsupported(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOTSUP) | Some(libc::ENODATA))
+}
+
+fn list_raw(t: Target<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    let ptr = buf.as_mut_ptr().cast::<libc::c_char>();
+    // SAFETY: `ptr` is valid for `buf.len()` bytes; the path is NUL-terminated.
+    let n = unsafe {
+        match t {
+            Target::Fd(fd) => libc::flistxattr(fd.as_raw_fd(), ptr, buf.len()),
+            Target::PathNoFollow(p) => libc::llistxattr(p.as_ptr(), ptr, buf.len()),
+        }
+    };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+fn get_raw(t: Target<'_>, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    let ptr = buf.as_mut_ptr().cast::<libc::c_void>();
+    // SAFETY: as in `list_raw`; `name` is NUL-terminated.
+    let n = unsafe {
+        match t {
+            Target::Fd(fd) => libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), ptr, buf.len()),
+            Target::PathNoFollow(p) => libc::lgetxattr(p.as_ptr(), name.as_ptr(), ptr, buf.len()),
+        }
+    };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// Calls `f` with a buffer large enough, retrying if the value grows between calls.
+fn sized(mut f: impl FnMut(&mut [u8]) -> io::Result<usize>) -> io::Result<Vec<u8>> {
+    for _ in 0..4 {
+        let len = f(&mut [])?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let mut buf = vec![0u8; len];
+        match f(&mut buf) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::ERANGE))
+}
+
+/// Every extended attribute, sorted by name. File systems without xattr support give none.
+pub(crate) fn list_xattrs(t: Target<'_>) -> io::Result<Vec<Xattr>> {
+    let names = match sized(|b| list_raw(t, b)) {
+        Ok(n) => n,
+        Err(e) if unsupported(&e) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let Ok(cname) = std::ffi::CString::new(name) else { continue };
+        match sized(|b| get_raw(t, &cname, b)) {
+            Ok(value) => out.push(Xattr { name: name.to_vec(), value }),
+            // Removed between list and get.
+            Err(e) if unsupported(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Sets one extended attribute.
+pub(crate) fn set_xattr(t: Target<'_>, name: &[u8], value: &[u8]) -> io::Result<()> {
+    let cname =
+        std::ffi::CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let ptr = value.as_ptr().cast::<libc::c_void>();
+    // SAFETY: `ptr` is valid for `value.len()` bytes; names and paths are NUL-terminated.
+    let rc = unsafe {
+        match t {
+            Target::Fd(fd) => libc::fsetxattr(fd.as_raw_fd(), cname.as_ptr(), ptr, value.len(), 0),
+            Target::PathNoFollow(p) => {
+                libc::lsetxattr(p.as_ptr(), cname.as_ptr(), ptr, value.len(), 0)
+            }
+        }
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// Raises the soft limit on open files to the hard limit (deep trees keep one descriptor per
+/// level open).
+pub(crate) fn raise_fd_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid rlimit to fill and then pass back.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn set_then_list_round_trips_on_a_file() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("f");
+        let file = std::fs::File::create(&path)?;
+        set_xattr(Target::Fd(file.as_fd()), b"user.ferry", b"value\0with nul")?;
+        let listed = list_xattrs(Target::Fd(file.as_fd()))?;
+        assert!(
+            listed.contains(&Xattr {
+                name: b"user.ferry".to_vec(),
+                value: b"value\0with nul".to_vec()
+            })
+        );
+        let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes().to_vec())
+            .map_err(io::Error::other)?;
+        assert_eq!(list_xattrs(Target::PathNoFollow(&cpath))?, listed);
+        Ok(())
+    }
+}

@@ -1,0 +1,198 @@
+//! Backup and restore round trips over the tree of hard cases, on the in-memory and the
+//! file-system store; incremental backups; progress; cancellation; unreadable files.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use common::{TestResult, assert_same_tree, build_hard_tree, memory_repo, noise};
+use ferry_repo::{
+    BackupOptions, CheckOptions, Progress, RepoError, Repository, RestoreOptions, backup_tree,
+    check, restore,
+};
+use tokio_util::sync::CancellationToken;
+
+async fn round_trip(repo: &Repository) -> TestResult {
+    let cancel = CancellationToken::new();
+    let src = tempfile::tempdir()?;
+    build_hard_tree(src.path());
+    let summary = backup_tree(repo, src.path(), &BackupOptions::default(), None, &cancel).await?;
+    assert_eq!(summary.errors, 0);
+    assert!(summary.files > 5000);
+    // The duplicated 3 MiB file is stored once.
+    assert!(
+        summary.bytes_new + (3 << 20) <= summary.bytes_total + (64 << 20) - 105_000,
+        "{summary:?}"
+    );
+    let out = tempfile::tempdir()?;
+    let target = out.path().join("restored");
+    let r = restore(repo, &summary.snapshot_id, &target, &RestoreOptions::default(), None, &cancel)
+        .await?;
+    assert_eq!(r.files, summary.files);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    assert_same_tree(src.path(), &target);
+    let report = check(repo, CheckOptions { read_data: true }, None, &cancel).await?;
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.snapshots, 1);
+    assert!(report.packs_read > 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hard_cases_round_trip_on_memory_store() -> TestResult {
+    round_trip(&memory_repo().await.0).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hard_cases_round_trip_on_file_system_store() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    round_trip(&common::fs_repo(dir.path()).await).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incremental_backup_reads_only_changes() -> TestResult {
+    let cancel = CancellationToken::new();
+    let (repo, _) = memory_repo().await;
+    let src = tempfile::tempdir()?;
+    std::fs::create_dir(src.path().join("d"))?;
+    for i in 0..50 {
+        std::fs::write(src.path().join(format!("d/f{i}")), noise(20_000, i))?;
+    }
+    let first = backup_tree(&repo, src.path(), &BackupOptions::default(), None, &cancel).await?;
+    assert_eq!(first.bytes_new, 50 * 20_000);
+    let opts = BackupOptions { parent: Some(first.snapshot_id), ..BackupOptions::default() };
+    let unchanged = backup_tree(&repo, src.path(), &opts, None, &cancel).await?;
+    assert_eq!(unchanged.bytes_new, 0);
+    assert_eq!(unchanged.bytes_total, first.bytes_total);
+    // Change one file's content (same size, new mtime) and add one.
+    std::fs::write(src.path().join("d/f7"), noise(20_000, 200))?;
+    std::fs::write(src.path().join("d/new"), noise(1000, 201))?;
+    let opts = BackupOptions { parent: Some(unchanged.snapshot_id), ..BackupOptions::default() };
+    let changed = backup_tree(&repo, src.path(), &opts, None, &cancel).await?;
+    assert_eq!(changed.bytes_new, 21_000);
+    let out = tempfile::tempdir()?;
+    restore(&repo, &changed.snapshot_id, out.path(), &RestoreOptions::default(), None, &cancel)
+        .await?;
+    assert_same_tree(src.path(), out.path());
+    let snaps = repo.snapshots(&cancel).await?;
+    assert_eq!(snaps.len(), 3);
+    assert_eq!(snaps[2].1.parent, Some(unchanged.snapshot_id));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_changed_behind_an_unchanged_mtime_is_trusted_like_kopia_but_inode_changes_are_not_rereads()
+-> TestResult {
+    // Copying the tree (new inodes and ctimes, as a CSI clone does) must not force re-reads.
+    let cancel = CancellationToken::new();
+    let (repo, _) = memory_repo().await;
+    let src = tempfile::tempdir()?;
+    std::fs::write(src.path().join("a"), noise(50_000, 1))?;
+    common::set_times(&src.path().join("a"), (1_000, 0), (2_000, 5));
+    let first = backup_tree(&repo, src.path(), &BackupOptions::default(), None, &cancel).await?;
+    let clone = tempfile::tempdir()?;
+    std::fs::copy(src.path().join("a"), clone.path().join("a"))?;
+    common::set_times(&clone.path().join("a"), (1_000, 0), (2_000, 5));
+    let opts = BackupOptions { parent: Some(first.snapshot_id), ..BackupOptions::default() };
+    let again = backup_tree(&repo, clone.path(), &opts, None, &cancel).await?;
+    assert_eq!(again.bytes_new, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_is_reported_and_final() -> TestResult {
+    let cancel = CancellationToken::new();
+    let (repo, _) = memory_repo().await;
+    let src = tempfile::tempdir()?;
+    std::fs::write(src.path().join("f"), noise(2 << 20, 9))?;
+    let seen: Arc<Mutex<Vec<Progress>>> = Arc::default();
+    let sink = Arc::clone(&seen);
+    let f: ferry_repo::ProgressFn =
+        Arc::new(move |p: &Progress| sink.lock().unwrap_or_else(|e| e.into_inner()).push(*p));
+    backup_tree(&repo, src.path(), &BackupOptions::default(), Some(f), &cancel).await?;
+    let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    let last = seen.last().copied().unwrap_or_default();
+    assert!(last.finished);
+    assert_eq!(
+        (last.bytes_done, last.files_done, last.bytes_total_estimate),
+        (2 << 20, 1, 2 << 20)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_stops_backup_and_restore() -> TestResult {
+    let (repo, _) = memory_repo().await;
+    let src = tempfile::tempdir()?;
+    std::fs::write(src.path().join("big"), noise(256 << 20, 5))?;
+    let cancelled = CancellationToken::new();
+    cancelled.cancel();
+    let r = backup_tree(&repo, src.path(), &BackupOptions::default(), None, &cancelled).await;
+    assert!(matches!(r, Err(RepoError::Cancelled)), "{r:?}");
+    // Cancel mid-way, from the progress callback once some bytes are done.
+    let cancel = CancellationToken::new();
+    let trigger = cancel.clone();
+    let calls = Arc::new(AtomicU64::new(0));
+    let c2 = Arc::clone(&calls);
+    let f: ferry_repo::ProgressFn = Arc::new(move |p: &Progress| {
+        c2.fetch_add(1, Ordering::Relaxed);
+        if p.bytes_done > 0 {
+            trigger.cancel();
+        }
+    });
+    let r = backup_tree(
+        &repo,
+        src.path(),
+        &BackupOptions { compression_level: 19, ..BackupOptions::default() },
+        Some(f),
+        &cancel,
+    )
+    .await;
+    assert!(matches!(r, Err(RepoError::Cancelled)), "{r:?}");
+    assert!(calls.load(Ordering::Relaxed) >= 1);
+    assert!(repo.snapshot_ids(&CancellationToken::new()).await?.is_empty());
+    Ok(())
+}
+
+/// Bind-mounts a write-only proc file over a regular file: reading it fails even as root.
+struct UnreadableMount(std::path::PathBuf);
+
+impl UnreadableMount {
+    fn new(at: std::path::PathBuf) -> std::io::Result<Self> {
+        std::fs::write(&at, b"")?;
+        nix::mount::mount(
+            Some("/proc/self/clear_refs"),
+            &at,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )?;
+        Ok(Self(at))
+    }
+}
+
+impl Drop for UnreadableMount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_file_is_recorded_not_skipped() -> TestResult {
+    let cancel = CancellationToken::new();
+    let (repo, _) = memory_repo().await;
+    let src = tempfile::tempdir()?;
+    std::fs::write(src.path().join("good"), b"fine")?;
+    let _mount = UnreadableMount::new(src.path().join("bad"))?;
+    let s = backup_tree(&repo, src.path(), &BackupOptions::default(), None, &cancel).await?;
+    assert_eq!((s.errors, s.files), (1, 2));
+    let snap = repo.load_snapshot(&s.snapshot_id, &cancel).await?;
+    assert_eq!(snap.summary.errors, 1);
+    let out = tempfile::tempdir()?;
+    let r = restore(&repo, &s.snapshot_id, out.path(), &RestoreOptions::default(), None, &cancel)
+        .await?;
+    assert_eq!(r.entries_with_backup_errors, 1);
+    assert_eq!(std::fs::read(out.path().join("good"))?, b"fine");
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! Command-line syntax.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Ferry moves Kubernetes volume data to and from a deduplicating, encrypted backup repository.
+#[derive(Debug, Parser)]
+#[command(name = "ferry", version, about)]
+pub struct Cli {
+    /// More logging on stderr (-v: info, -vv: debug). `FERRY_LOG` takes a full filter.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Repository management.
+    Repo {
+        #[command(subcommand)]
+        command: RepoCommand,
+    },
+    /// Back up a directory into a repository; prints the snapshot ID last.
+    Backup(BackupArgs),
+    /// Restore a snapshot into a directory.
+    Restore(RestoreArgs),
+    /// List snapshots.
+    Snapshots {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// Print JSON: a list of objects with id, time, tags, parent, bytes.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify the repository's structure and references.
+    Check {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// Also read and authenticate every stored byte.
+        #[arg(long)]
+        read_data: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RepoCommand {
+    /// Create a repository (safe if another node creates it at the same time).
+    Init {
+        #[command(flatten)]
+        repo: RepoArgs,
+    },
+}
+
+/// Where the repository is and how to open it.
+#[derive(Debug, Clone, Args)]
+pub struct RepoArgs {
+    /// `file:///abs/path` or `s3://bucket/prefix`.
+    #[arg(long, env = "FERRY_REPO")]
+    pub repo: String,
+    /// A file holding the password (else `FERRY_PASSWORD`).
+    #[arg(long)]
+    pub password_file: Option<PathBuf>,
+    /// S3 endpoint URL for S3-compatible servers (path-style addressing is then used).
+    #[arg(long, env = "FERRY_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
+    /// S3 region (else from the AWS environment).
+    #[arg(long, env = "FERRY_S3_REGION")]
+    pub s3_region: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// Snapshot to compare with: unchanged files are not read again.
+    #[arg(long)]
+    pub parent: Option<String>,
+    /// Tag the snapshot (repeatable).
+    #[arg(long = "tag", value_name = "K=V", value_parser = parse_tag)]
+    pub tags: Vec<(String, String)>,
+    /// Print a JSON summary instead of the snapshot ID.
+    #[arg(long)]
+    pub json: bool,
+    /// The directory to back up.
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// Write files sparsely (holes for all-zero ranges).
+    #[arg(long)]
+    pub sparse: bool,
+    /// The snapshot ID (or a unique prefix of it).
+    pub snapshot: String,
+    /// The directory to restore into (created if missing).
+    pub target: PathBuf,
+}
+
+fn parse_tag(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("tag {text:?} is not K=V")),
+    }
+}

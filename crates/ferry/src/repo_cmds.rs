@@ -1,0 +1,250 @@
+//! The repository commands: `repo init`, `backup`, `restore`, `snapshots`, `check`.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use ferry_repo::{BackupOptions, InitOptions, InitOutcome, Repository, RestoreOptions, SnapshotId};
+use ferry_store::{AnyStore, ObjectStore, S3Options, StoreUrl};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{BackupArgs, RepoArgs, RestoreArgs};
+use crate::{password, progress};
+
+async fn open_store(args: &RepoArgs) -> anyhow::Result<Arc<dyn ObjectStore>> {
+    let url = StoreUrl::parse(&args.repo)?;
+    let options = S3Options {
+        endpoint: args.s3_endpoint.clone(),
+        region: args.s3_region.clone(),
+        force_path_style: args.s3_endpoint.is_some(),
+        ..S3Options::default()
+    };
+    let store = AnyStore::open(&url, &options)
+        .await
+        .with_context(|| format!("opening storage {}", args.repo))?;
+    Ok(Arc::new(store))
+}
+
+async fn open_repo(args: &RepoArgs, cancel: &CancellationToken) -> anyhow::Result<Repository> {
+    let password = password::read(args.password_file.as_deref())?;
+    let store = open_store(args).await?;
+    Repository::open(store, &password, cancel)
+        .await
+        .with_context(|| format!("opening repository {}", args.repo))
+}
+
+pub async fn init(args: &RepoArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
+    let password = password::read(args.password_file.as_deref())?;
+    if let StoreUrl::File { root } = StoreUrl::parse(&args.repo)? {
+        std::fs::create_dir_all(&root)
+            .with_context(|| format!("creating repository directory {}", root.display()))?;
+    }
+    let store = open_store(args).await?;
+    let (_, outcome) = Repository::init(store, &password, &InitOptions::default(), cancel)
+        .await
+        .with_context(|| format!("initialising repository {}", args.repo))?;
+    match outcome {
+        InitOutcome::Created => println!("created repository {}", args.repo),
+        InitOutcome::AlreadyExisted => {
+            println!("repository {} already exists; opened it", args.repo)
+        }
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct BackupJson {
+    snapshot_id: String,
+    bytes_total: u64,
+    bytes_new: u64,
+    bytes_stored: u64,
+    files: u64,
+    dirs: u64,
+    errors: u64,
+    duration_s: f64,
+}
+
+pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
+    let repo = open_repo(&args.repo, cancel).await?;
+    let parent = match &args.parent {
+        Some(query) => Some(
+            repo.find_snapshot(query, cancel)
+                .await
+                .with_context(|| format!("finding parent snapshot {query}"))?,
+        ),
+        None => None,
+    };
+    let source = std::fs::canonicalize(&args.path)
+        .with_context(|| format!("backup source {}", args.path.display()))?;
+    let options = BackupOptions {
+        parent,
+        tags: args.tags.clone(),
+        source: source.display().to_string(),
+        ..BackupOptions::default()
+    };
+    let (report, bar) = progress::reporter("backup");
+    let summary = ferry_repo::backup_tree(&repo, &source, &options, Some(report), cancel)
+        .await
+        .with_context(|| format!("backing up {}", source.display()));
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let summary = summary?;
+    if summary.errors > 0 {
+        eprintln!(
+            "backup: {} entries could not be read; they are recorded in the snapshot",
+            summary.errors
+        );
+    }
+    if args.json {
+        let json = BackupJson {
+            snapshot_id: summary.snapshot_id.to_string(),
+            bytes_total: summary.bytes_total,
+            bytes_new: summary.bytes_new,
+            bytes_stored: summary.bytes_stored,
+            files: summary.files,
+            dirs: summary.dirs,
+            errors: summary.errors,
+            duration_s: summary.duration.as_secs_f64(),
+        };
+        println!("{}", serde_json::to_string(&json)?);
+    } else {
+        eprintln!(
+            "backup: {} files, {} total, {} new, {} stored, in {:.2} s",
+            summary.files,
+            progress::human(summary.bytes_total),
+            progress::human(summary.bytes_new),
+            progress::human(summary.bytes_stored),
+            summary.duration.as_secs_f64()
+        );
+        println!("{}", summary.snapshot_id);
+    }
+    Ok(())
+}
+
+pub async fn restore(args: &RestoreArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
+    let repo = open_repo(&args.repo, cancel).await?;
+    let id: SnapshotId = repo
+        .find_snapshot(&args.snapshot, cancel)
+        .await
+        .with_context(|| format!("finding snapshot {}", args.snapshot))?;
+    let options = RestoreOptions { sparse: args.sparse, ..RestoreOptions::default() };
+    let (report, bar) = progress::reporter("restore");
+    let summary = ferry_repo::restore(&repo, &id, &args.target, &options, Some(report), cancel)
+        .await
+        .with_context(|| format!("restoring {id} into {}", args.target.display()));
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let summary = summary?;
+    for warning in &summary.warnings {
+        eprintln!("restore: warning: {warning}");
+    }
+    eprintln!(
+        "restore: {} files, {} dirs, {} in {:.2} s into {}",
+        summary.files,
+        summary.dirs,
+        progress::human(summary.bytes),
+        summary.duration.as_secs_f64(),
+        args.target.display()
+    );
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct SnapshotJson {
+    id: String,
+    time: String,
+    hostname: String,
+    source: String,
+    tags: std::collections::BTreeMap<String, String>,
+    parent: Option<String>,
+    bytes: u64,
+    bytes_new: u64,
+    files: u64,
+}
+
+pub async fn snapshots(
+    args: &RepoArgs,
+    json: bool,
+    cancel: &CancellationToken,
+) -> anyhow::Result<()> {
+    let repo = open_repo(args, cancel).await?;
+    let mut list = repo.snapshots(cancel).await.context("listing snapshots")?;
+    list.sort_by_key(|(_, s)| (s.time.sec, s.time.nsec));
+    let rows: Vec<SnapshotJson> = list
+        .iter()
+        .map(|(id, s)| SnapshotJson {
+            id: id.to_string(),
+            time: jiff::Timestamp::new(s.time.sec, i32::try_from(s.time.nsec).unwrap_or(0))
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
+            hostname: s.hostname.clone(),
+            source: s.source.clone(),
+            tags: s.tags.iter().cloned().collect(),
+            parent: s.parent.as_ref().map(ToString::to_string),
+            bytes: s.summary.bytes_total,
+            bytes_new: s.summary.bytes_new,
+            files: s.summary.files,
+        })
+        .collect();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!("{:<16} {:<25} {:>10} {:>10} {:>8}  source", "id", "time", "size", "new", "files");
+    for row in rows {
+        println!(
+            "{:<16} {:<25} {:>10} {:>10} {:>8}  {}",
+            &row.id[..16.min(row.id.len())],
+            row.time,
+            progress::human(row.bytes),
+            progress::human(row.bytes_new),
+            row.files,
+            row.source
+        );
+    }
+    Ok(())
+}
+
+pub async fn check(
+    args: &RepoArgs,
+    read_data: bool,
+    cancel: &CancellationToken,
+) -> anyhow::Result<()> {
+    let repo = open_repo(args, cancel).await?;
+    let options = ferry_repo::CheckOptions { read_data };
+    let report =
+        ferry_repo::check(&repo, options, None, cancel).await.context("checking the repository")?;
+    println!(
+        "checked {} snapshots, {} trees, {} data blobs, {} packs{}",
+        report.snapshots,
+        report.trees,
+        report.data_blobs,
+        report.packs,
+        if read_data {
+            format!(
+                " ({} packs, {} read and authenticated)",
+                report.packs_read,
+                progress::human(report.bytes_read)
+            )
+        } else {
+            String::new()
+        }
+    );
+    if report.unindexed_packs > 0 {
+        println!(
+            "{} packs not yet indexed (an interrupted or running backup)",
+            report.unindexed_packs
+        );
+    }
+    for problem in &report.problems {
+        println!("problem: {problem}");
+    }
+    if report.is_ok() {
+        println!("no problems found");
+        Ok(())
+    } else {
+        anyhow::bail!("the repository has {} problem(s)", report.problems.len())
+    }
+}
