@@ -2,8 +2,8 @@
 //! restores it, and prints the wall times: a quick manual check of the data path.
 //!
 //! `cargo run --release -p ferry-repo --example tree_cycle -- SOURCE WORKDIR [phase]`
-//! where `phase` is `all` (default), `backup`, `nochange` or `restore` (the later phases reuse
-//! the repository left in WORKDIR).
+//! where `phase` is `all` (default), `backup`, `nochange`, `restore` or `check` (the later
+//! phases reuse the repository left in WORKDIR).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let (Some(source), Some(work)) = (args.get(1), args.get(2)) else {
-        return Err("usage: tree_cycle SOURCE WORKDIR [all|backup|nochange|restore]".into());
+        return Err("usage: tree_cycle SOURCE WORKDIR [all|backup|nochange|restore|check]".into());
     };
     let phase = args.get(3).map_or("all", String::as_str);
     let (source, work) = (PathBuf::from(source), PathBuf::from(work));
@@ -58,6 +58,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         let r = restore(&repo, &id, &target, &RestoreOptions::default(), None, &cancel).await?;
         println!("restore: {:.2}s files={} bytes={}", t.elapsed().as_secs_f64(), r.files, r.bytes);
+    }
+    if phase == "check" {
+        let t = Instant::now();
+        let report =
+            ferry_repo::check(&repo, ferry_repo::CheckOptions { read_data: true }, None, &cancel)
+                .await?;
+        println!(
+            "check --read-data: {:.2}s ok={} {report:?}",
+            t.elapsed().as_secs_f64(),
+            report.is_ok()
+        );
     }
     Ok(())
 }

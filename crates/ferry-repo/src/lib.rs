@@ -1,9 +1,35 @@
 //! Ferry's backup repository: deduplicated, compressed, encrypted, verified.
 //!
-//! Storage is reached only through [`ferry_store::ObjectStore`]. The [`format`] module is the
-//! pure, I/O-free encoding of every stored object (see `FORMAT.md` beside `Cargo.toml`).
+//! Storage is reached only through [`ferry_store::ObjectStore`]; nothing here knows about
+//! Kubernetes or gRPC. The [`format`](mod@format) module is the pure, I/O-free encoding of every stored
+//! object (documented in `FORMAT.md` beside this crate's `Cargo.toml`, with the concurrent
+//! writer safety argument).
 //!
-//! The main types: [`Repository`] (init, open, keys, snapshots).
+//! The surface:
+//! - [`Repository`]: [`init`](Repository::init) (safe when nodes race), [`open`](Repository::open),
+//!   password changes, snapshot listing and lookup.
+//! - [`backup_tree`] with [`BackupOptions`] → [`BackupSummary`]: parallel, incremental against a
+//!   parent snapshot, sparse-aware, memory bounded.
+//! - [`restore`] with [`RestoreOptions`] → [`RestoreSummary`]: parallel, sparse, full metadata,
+//!   hardened against hostile snapshots.
+//! - [`check`] with [`CheckOptions`] → [`CheckReport`].
+//! - Long operations take a [`CancellationToken`](tokio_util::sync::CancellationToken) and an
+//!   optional [`ProgressFn`] called at least once a second with a [`Progress`].
+//!
+//! ```no_run
+//! # async fn demo(store: std::sync::Arc<dyn ferry_store::ObjectStore>) -> Result<(), ferry_repo::RepoError> {
+//! use ferry_repo::{BackupOptions, InitOptions, Repository, RestoreOptions, backup_tree, restore};
+//! let cancel = tokio_util::sync::CancellationToken::new();
+//! let (repo, _) = Repository::init(store, b"password", &InitOptions::default(), &cancel).await?;
+//! let summary = backup_tree(&repo, "/data".as_ref(), &BackupOptions::default(), None, &cancel).await?;
+//! restore(&repo, &summary.snapshot_id, "/restored".as_ref(), &RestoreOptions::default(), None, &cancel).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Code map: `format/` (encodings, keys, chunker, compression), `repo/` (repository, in-memory
+//! index, pack writer and uploader, caches), `backup/` (walker, file workers, tree builder),
+//! `restore/` (planner, workers, no-follow file-system operations), `check.rs`, `sys.rs` (the
+//! one module with `unsafe`: xattr system calls).
 
 mod backup;
 mod check;
@@ -17,7 +43,7 @@ mod sys;
 pub use backup::{BackupOptions, BackupSummary, backup_tree};
 pub use check::{CheckOptions, CheckReport, check};
 pub use error::{RepoError, RepoResult};
-pub use format::{KdfParams, Snapshot, SnapshotId, Summary};
+pub use format::{BlobId, KdfParams, KeyId, Snapshot, SnapshotId, Summary};
 pub use progress::{Progress, ProgressFn};
 pub use repo::{BlobLocation, InitOptions, InitOutcome, Repository};
 pub use restore::{MAX_DEPTH, RestoreOptions, RestoreSummary, restore};

@@ -196,3 +196,53 @@ async fn unreadable_file_is_recorded_not_skipped() -> TestResult {
     assert_eq!(std::fs::read(out.path().join("good"))?, b"fine");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_backup_leaves_indexed_data_the_next_one_reuses() -> TestResult {
+    let (repo, _) = memory_repo().await;
+    let src = tempfile::tempdir()?;
+    std::fs::write(src.path().join("big"), noise(160 << 20, 11))?;
+    let cancel = CancellationToken::new();
+    let trigger = cancel.clone();
+    let f: ferry_repo::ProgressFn = Arc::new(move |p: &Progress| {
+        if p.bytes_done >= 64 << 20 {
+            trigger.cancel();
+        }
+    });
+    let options = BackupOptions { compression_level: 1, ..BackupOptions::default() };
+    let r = backup_tree(&repo, src.path(), &options, Some(f), &cancel).await;
+    assert!(matches!(r, Err(RepoError::Cancelled)), "{r:?}");
+    // What was stored before the interruption is indexed, consistent, and reused.
+    let fresh = CancellationToken::new();
+    let report = check(&repo, CheckOptions { read_data: true }, None, &fresh).await?;
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert!(report.packs > 0);
+    let again = backup_tree(&repo, src.path(), &options, None, &fresh).await?;
+    assert!(again.bytes_new + (32 << 20) <= again.bytes_total, "{again:?}");
+    let out = tempfile::tempdir()?;
+    restore(&repo, &again.snapshot_id, out.path(), &RestoreOptions::default(), None, &fresh)
+        .await?;
+    assert_same_tree(src.path(), out.path());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_or_non_directory_root_is_a_clear_error() -> TestResult {
+    let cancel = CancellationToken::new();
+    let (repo, _) = memory_repo().await;
+    let dir = tempfile::tempdir()?;
+    let missing =
+        backup_tree(&repo, &dir.path().join("nope"), &BackupOptions::default(), None, &cancel)
+            .await;
+    assert!(
+        matches!(&missing, Err(RepoError::Io { operation: "open backup root", .. })),
+        "{missing:?}"
+    );
+    std::fs::write(dir.path().join("file"), b"x")?;
+    let file =
+        backup_tree(&repo, &dir.path().join("file"), &BackupOptions::default(), None, &cancel)
+            .await;
+    assert!(matches!(&file, Err(RepoError::Io { .. })), "{file:?}");
+    assert!(repo.snapshot_ids(&cancel).await?.is_empty());
+    Ok(())
+}

@@ -7,9 +7,10 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    FaultyStore, FsStore, MemoryStore, ObjectKey, ObjectMeta, ObjectStore, PutOutcome, S3Config,
-    S3Options, S3Store, StoreResult, StoreUrl,
+    FaultyStore, FsStore, MemoryStore, ObjectKey, ObjectMeta, ObjectStore, PutOutcome, StoreResult,
 };
+#[cfg(feature = "s3")]
+use crate::{S3Config, S3Options, S3Store, StoreUrl};
 
 /// Any of the stores this crate provides. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -18,6 +19,7 @@ pub enum AnyStore {
     /// A directory.
     Fs(FsStore),
     /// An S3 bucket.
+    #[cfg(feature = "s3")]
     S3(S3Store),
     /// In memory (tests).
     Memory(MemoryStore),
@@ -31,6 +33,7 @@ impl AnyStore {
     ///
     /// # Errors
     /// As [`FsStore::open`] and [`S3Store::new`].
+    #[cfg(feature = "s3")]
     pub async fn open(url: &StoreUrl, s3: &S3Options) -> StoreResult<Self> {
         match url {
             StoreUrl::File { root } => FsStore::open(root).map(Self::Fs),
@@ -51,6 +54,7 @@ macro_rules! dispatch {
     ($self:ident, $store:ident => $call:expr) => {
         match $self {
             AnyStore::Fs($store) => $call,
+            #[cfg(feature = "s3")]
             AnyStore::S3($store) => $call,
             AnyStore::Memory($store) => $call,
             AnyStore::Faulty($store) => $call,
@@ -106,6 +110,7 @@ impl From<FsStore> for AnyStore {
     }
 }
 
+#[cfg(feature = "s3")]
 impl From<S3Store> for AnyStore {
     fn from(store: S3Store) -> Self {
         Self::S3(store)
@@ -124,7 +129,7 @@ impl From<FaultyStore<AnyStore>> for AnyStore {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "s3"))]
 mod tests {
     use super::*;
 

@@ -45,6 +45,7 @@ mod faulty;
 mod fs;
 mod key;
 mod memory;
+#[cfg(feature = "s3")]
 mod s3;
 mod url;
 
@@ -54,6 +55,7 @@ pub use faulty::{FaultConfig, FaultyStore};
 pub use fs::FsStore;
 pub use key::{InvalidKey, ObjectKey};
 pub use memory::MemoryStore;
+#[cfg(feature = "s3")]
 pub use s3::{S3Config, S3Options, S3Store, StaticCredentials};
 pub use url::{InvalidStoreUrl, StoreUrl};
 

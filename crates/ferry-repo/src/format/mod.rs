@@ -219,7 +219,7 @@ pub(crate) fn seal_object(
     out
 }
 
-/// Reverses [`seal_object`]: checks the prefix, authenticates, decompresses.
+/// Opens an encrypted object: checks the prefix, authenticates, decompresses.
 ///
 /// # Errors
 /// Any [`FormatError`]; never panics on hostile input.

@@ -1,11 +1,11 @@
-//! Writing blobs: per-thread pack builders, a concurrent uploader, index checkpoints.
+//! Writing blobs: shared open packs, a concurrent uploader, index checkpoints.
 //!
 //! Workers share one open pack per blob kind through [`LocalPacker`]s; each blob is compressed
 //! and encrypted on its worker and only copied into the pack under a lock. A full pack is
-//! sealed on the worker and handed to the uploader task,
-//! which stores up to [`UPLOAD_CONCURRENCY`] packs at once. Only after a pack is stored are its
-//! blobs added to the in-memory index and queued for the next index file; an index file is
-//! written every [`CHECKPOINT_PACKS`] packs or [`CHECKPOINT_INTERVAL`], and at the end. So an
+//! sealed on the worker and handed to the uploader task, which stores up to
+//! [`UPLOAD_CONCURRENCY`] packs at once. A stored pack is queued for the next index file, and
+//! its blobs join the in-memory index only once that file is written; an index file is written
+//! every [`CHECKPOINT_PACKS`] packs or [`CHECKPOINT_INTERVAL`], and at the end. So an
 //! interrupted backup leaves indexed packs that the next backup deduplicates against, and an
 //! index never names a pack that is not stored.
 
@@ -112,11 +112,10 @@ async fn run(
                 },
                 Some(done) = uploads.join_next() => {
                     let pack = done.map_err(|e| RepoError::Internal { what: "pack upload", reason: e.to_string() })??;
-                    index.add_pack(pack.id, pack.size, &pack.entries);
                     stats.stored_bytes.fetch_add(pack.size, Ordering::Relaxed);
                     pending.push(pack);
                     if pending.len() >= CHECKPOINT_PACKS || last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL {
-                        written.push(write_index(&repo, std::mem::take(&mut pending), &cancel).await?);
+                        written.push(checkpoint(&repo, &index, std::mem::take(&mut pending), &cancel).await?);
                         last_checkpoint = Instant::now();
                     }
                 }
@@ -128,7 +127,7 @@ async fn run(
     match result {
         Ok(()) => {
             if !pending.is_empty() {
-                written.push(write_index(&repo, pending, &cancel).await?);
+                written.push(checkpoint(&repo, &index, pending, &cancel).await?);
             }
             Ok(written)
         }
@@ -137,7 +136,7 @@ async fn run(
             // cancellation (their data is durable, only the index entry is missing).
             if !pending.is_empty() {
                 let grace = CancellationToken::new();
-                let save = write_index(&repo, pending, &grace);
+                let save = checkpoint(&repo, &index, pending, &grace);
                 let _ = tokio::time::timeout(Duration::from_millis(800), save).await;
             }
             Err(e)
@@ -157,6 +156,22 @@ async fn upload(
         .await
         .map_err(|e| RepoError::store("upload pack", &key, e))?;
     Ok(IndexPack { id: pack.id, size, entries: pack.entries })
+}
+
+/// Writes an index file for stored packs, then makes their blobs visible in the in-memory
+/// index. Only indexed blobs may be deduplicated against by later backups of this process:
+/// a pack whose index write failed must not be relied on.
+async fn checkpoint(
+    repo: &Repository,
+    index: &MemIndex,
+    packs: Vec<IndexPack>,
+    cancel: &CancellationToken,
+) -> RepoResult<IndexId> {
+    let id = write_index(repo, packs.clone(), cancel).await?;
+    for pack in &packs {
+        index.add_pack(pack.id, pack.size, &pack.entries);
+    }
+    Ok(id)
 }
 
 /// Stores one index file naming `packs` (all already stored).

@@ -1,0 +1,127 @@
+//! Snapshot manifests: listing, lookup, the commit write, forget.
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{RepoError, RepoResult};
+use crate::format::{Snapshot, SnapshotId, content_address};
+use crate::repo::{LOAD_CONCURRENCY, Repository, layout};
+
+impl Repository {
+    /// Every snapshot, oldest first.
+    ///
+    /// # Errors
+    /// Store failures; [`RepoError::Corrupt`] naming a damaged snapshot.
+    pub async fn snapshots(
+        &self,
+        cancel: &CancellationToken,
+    ) -> RepoResult<Vec<(SnapshotId, Snapshot)>> {
+        let ids = self.snapshot_ids(cancel).await?;
+        let mut out: Vec<(SnapshotId, Snapshot)> = futures::stream::iter(ids)
+            .map(|id| async move { self.load_snapshot(&id, cancel).await.map(|s| (id, s)) })
+            .buffer_unordered(LOAD_CONCURRENCY)
+            .try_collect()
+            .await?;
+        out.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));
+        Ok(out)
+    }
+
+    /// Ids of every snapshot.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn snapshot_ids(&self, cancel: &CancellationToken) -> RepoResult<Vec<SnapshotId>> {
+        let listed = self
+            .store()
+            .list(layout::SNAPSHOTS, cancel)
+            .await
+            .map_err(|e| RepoError::store("list", layout::SNAPSHOTS, e))?;
+        Ok(listed.iter().filter_map(|m| layout::id_of(&m.key)).map(SnapshotId).collect())
+    }
+
+    /// Reads one snapshot, checking that its bytes hash to its id.
+    ///
+    /// # Errors
+    /// Store failures; [`RepoError::Corrupt`] for damaged bytes.
+    pub async fn load_snapshot(
+        &self,
+        id: &SnapshotId,
+        cancel: &CancellationToken,
+    ) -> RepoResult<Snapshot> {
+        let key = layout::snapshot(id)?;
+        let bytes = self
+            .store()
+            .get(&key, cancel)
+            .await
+            .map_err(|e| RepoError::store("read snapshot", &key, e))?;
+        let object = format!("snapshot {key}");
+        if content_address(&bytes) != id.0 {
+            return Err(RepoError::corrupt(
+                object,
+                crate::format::FormatError::HashMismatch { what: key.to_string() },
+            ));
+        }
+        Snapshot::decode(&self.keys().cipher, &bytes).map_err(|e| RepoError::corrupt(object, e))
+    }
+
+    /// Resolves a full id or a unique prefix of at least 4 hex digits.
+    ///
+    /// # Errors
+    /// [`RepoError::SnapshotLookup`] when nothing or more than one snapshot matches.
+    pub async fn find_snapshot(
+        &self,
+        query: &str,
+        cancel: &CancellationToken,
+    ) -> RepoResult<SnapshotId> {
+        let lookup = |reason: &str| RepoError::SnapshotLookup {
+            query: query.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let q = query.to_ascii_lowercase();
+        if q.len() < 4 || !q.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(lookup("not a snapshot id (at least 4 hex digits)"));
+        }
+        let matches: Vec<SnapshotId> = self
+            .snapshot_ids(cancel)
+            .await?
+            .into_iter()
+            .filter(|id| id.to_hex().starts_with(&q))
+            .collect();
+        match matches.as_slice() {
+            [one] => Ok(*one),
+            [] => Err(lookup("not found")),
+            _ => Err(lookup("ambiguous prefix")),
+        }
+    }
+
+    /// Stores a snapshot manifest: the commit point. Call only once everything it references
+    /// is stored and indexed.
+    pub(crate) async fn save_snapshot(
+        &self,
+        snapshot: &Snapshot,
+        cancel: &CancellationToken,
+    ) -> RepoResult<SnapshotId> {
+        let bytes = snapshot.encode(&self.keys().cipher);
+        let id = SnapshotId(content_address(&bytes));
+        let key = layout::snapshot(&id)?;
+        self.store()
+            .put_if_absent(&key, Bytes::from(bytes), cancel)
+            .await
+            .map_err(|e| RepoError::store("write snapshot", &key, e))?;
+        Ok(id)
+    }
+
+    /// Deletes a snapshot manifest (the data it alone references is reclaimed by garbage
+    /// collection).
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn forget(&self, id: &SnapshotId, cancel: &CancellationToken) -> RepoResult<()> {
+        let key = layout::snapshot(id)?;
+        self.store()
+            .delete(&key, cancel)
+            .await
+            .map_err(|e| RepoError::store("delete snapshot", &key, e))
+    }
+}
