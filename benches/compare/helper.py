@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""Helpers for Ferry's comparison runner (run.sh): timing, data mutation, reporting.
+
+Subcommands:
+  measure   run one command under /usr/bin/time -v with a time limit; append wall time and
+            peak RSS to a JSON-lines results file
+  record    append one plain value (e.g. a repository size) to the results file
+  stats     count the regular files and bytes of a tree
+  mutate    change a deterministic 1 % of a tree's files, in place
+  snapshot-id  pull the snapshot ID out of a tool's captured backup output
+  meta      describe the machine, data and settings (from environment variables) as JSON
+  report    medians over runs, as a Markdown table
+"""
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TOOLS = ("ferry", "kopia", "restic")
+
+
+def cmd_measure(args):
+    """Runs args.command; records wall seconds and peak RSS; exits with its status."""
+    with tempfile.NamedTemporaryFile(prefix="time-", suffix=".txt", delete=False) as f:
+        time_file = f.name
+    stdout = open(args.stdout, "wb") if args.stdout else subprocess.DEVNULL
+    stderr = open(args.stderr, "wb") if args.stderr else subprocess.DEVNULL
+    command = ["/usr/bin/time", "-v", "-o", time_file] + args.command
+    start = time.monotonic()
+    proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, start_new_session=True)
+    timed_out = False
+
+    def on_term(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        status = proc.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        # The command runs in its own session: end exactly that process group.
+        os.killpg(proc.pid, signal.SIGKILL)
+        status = proc.wait()
+    except BaseException:
+        # Interrupted (Ctrl-C, SIGTERM): the command's group does not see the terminal's
+        # signal, so end it here before leaving.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        os.unlink(time_file)
+        raise
+    wall = time.monotonic() - start
+    for stream in (stdout, stderr):
+        if stream is not subprocess.DEVNULL:
+            stream.close()
+    rss_kib = None
+    try:
+        with open(time_file, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if "Maximum resident set size" in line:
+                    rss_kib = int(line.rsplit(":", 1)[1].strip())
+    finally:
+        os.unlink(time_file)
+    if timed_out:
+        print(f"{args.tool} {args.metric}: timed out after {args.timeout} s", file=sys.stderr)
+        sys.exit(124)
+    if status != 0:
+        print(f"{args.tool} {args.metric}: exit status {status}", file=sys.stderr)
+        if args.stderr:
+            with open(args.stderr, encoding="utf-8", errors="replace") as f:
+                tail = f.read()[-4000:]
+            print(tail, file=sys.stderr)
+        sys.exit(status)
+    row = {"tool": args.tool, "run": args.run, "metric": args.metric, "seconds": wall, "rss_kib": rss_kib}
+    with open(args.results, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+    rss = f"{rss_kib / 1024:.0f} MiB" if rss_kib is not None else "?"
+    print(f"  {args.tool:6} {args.metric:16} {wall:8.2f} s  peak RSS {rss}", file=sys.stderr)
+
+
+def cmd_record(args):
+    row = {"tool": args.tool, "run": args.run, "metric": args.metric, "value": args.value}
+    with open(args.results, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def regular_files(root):
+    """Sorted (relative path, size) of every regular file under root (symlinks not followed)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if os.path.isfile(path) and not os.path.islink(path):
+                out.append((os.path.relpath(path, root), st.st_size))
+    out.sort()
+    return out
+
+
+def cmd_stats(args):
+    files = regular_files(args.dir)
+    print(json.dumps({"files": len(files), "bytes": sum(s for _, s in files)}))
+
+
+def cmd_mutate(args):
+    """Changes a deterministic share of the files: by count exactly, by bytes approximately.
+
+    Files are sorted by size and cut into k strata of equal count (k = the share of the file
+    count); one seeded-random file is drawn from each stratum, so the changed files follow the
+    tree's size distribution and their bytes come close to the same share of the bytes. Each
+    chosen file gets one short line inserted at a seeded offset: content after it shifts, as
+    with a real edit, and its size and mtime change.
+    """
+    files = regular_files(args.dir)
+    if not files:
+        sys.exit(f"mutate: no regular files under {args.dir}")
+    rng = random.Random(args.seed)
+    k = max(1, round(len(files) * args.percent / 100))
+    by_size = sorted(files, key=lambda f: (f[1], f[0]))
+    chosen = []
+    for i in range(k):
+        lo = i * len(by_size) // k
+        hi = max(lo + 1, (i + 1) * len(by_size) // k)
+        chosen.append(by_size[rng.randrange(lo, hi)])
+    changed_bytes = 0
+    for n, (rel, size) in enumerate(chosen):
+        path = os.path.join(args.dir, rel)
+        with open(path, "rb") as f:
+            data = f.read()
+        at = rng.randrange(len(data) + 1)
+        line = f"/* ferry benchmark change {args.seed}:{n} */\n".encode()
+        with open(path, "wb") as f:
+            f.write(data[:at] + line + data[at:])
+        changed_bytes += size
+    total = sum(s for _, s in files)
+    print(json.dumps({
+        "files_changed": k,
+        "files_total": len(files),
+        "bytes_of_changed_files": changed_bytes,
+        "bytes_total": total,
+        "percent_files": 100 * k / len(files),
+        "percent_bytes": 100 * changed_bytes / total if total else 0,
+    }))
+
+
+def cmd_snapshot_id(args):
+    """Prints the snapshot ID from a tool's backup output (stdout captured to a file)."""
+    with open(args.file, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    if args.tool == "ferry":
+        # `ferry backup --json`: one JSON object.
+        for line in reversed(text.strip().splitlines()):
+            line = line.strip()
+            if line.startswith("{"):
+                print(json.loads(line)["snapshot_id"])
+                return
+    elif args.tool == "restic":
+        # `restic backup --json`: JSON lines; the summary carries the ID.
+        for line in reversed(text.strip().splitlines()):
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg.get("message_type") == "summary":
+                print(msg["snapshot_id"])
+                return
+    elif args.tool == "kopia":
+        # `kopia snapshot create --json`: the new manifest(s) as JSON.
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            start = text.find("{")
+            doc = json.loads(text[start:]) if start >= 0 else None
+        if isinstance(doc, list):
+            doc = doc[-1] if doc else None
+        if isinstance(doc, dict) and "id" in doc:
+            print(doc["id"])
+            return
+    sys.exit(f"snapshot-id: no {args.tool} snapshot ID in {args.file}")
+
+
+METRICS = [
+    # (metric key in results, column title, kind)
+    ("backup_first", "first backup (s)", "seconds"),
+    ("backup_unchanged", "no-change backup (s)", "seconds"),
+    ("backup_changed", "1%-changed backup (s)", "seconds"),
+    ("restore", "restore (s)", "seconds"),
+]
+
+
+def medians(rows):
+    """{tool: {metric: median}} for seconds, rss and recorded values."""
+    acc = {}
+    for r in rows:
+        t = acc.setdefault(r["tool"], {})
+        if "seconds" in r:
+            t.setdefault(r["metric"], []).append(r["seconds"])
+            if r.get("rss_kib") is not None:
+                t.setdefault(r["metric"] + ":rss", []).append(r["rss_kib"])
+        else:
+            t.setdefault(r["metric"], []).append(r["value"])
+    return {tool: {m: statistics.median(v) for m, v in ms.items()} for tool, ms in acc.items()}
+
+
+def peak_backup_rss(rows, tool):
+    """Median over runs of the highest peak RSS among a run's three backups, in KiB."""
+    per_run = {}
+    for r in rows:
+        if r["tool"] == tool and r["metric"].startswith("backup_") and r.get("rss_kib") is not None:
+            per_run[r["run"]] = max(per_run.get(r["run"], 0), r["rss_kib"])
+    return statistics.median(per_run.values()) if per_run else None
+
+
+def fmt(v, digits=2):
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def describe_mutation(text):
+    try:
+        m = json.loads(text)
+    except ValueError:
+        return "not run"
+    return (
+        f"{m['files_changed']:,} of {m['files_total']:,} files ({m['percent_files']:.2f} %), holding "
+        f"{m['bytes_of_changed_files'] / 1e6:,.2f} of {m['bytes_total'] / 1e6:,.1f} MB "
+        f"({m['percent_bytes']:.2f} %), each given one inserted line (seeded; figures of the last run)"
+    )
+
+
+def cmd_meta(_args):
+    e = os.environ
+    verify = e.get("VERIFY") == "1"
+    meta = {
+        "date": e["DATE"],
+        "host": e["HOST"],
+        "runs": int(e["RUNS"]),
+        "note": e.get("NOTE", ""),
+        "command": e["COMMAND_LINE"],
+        "data": dict(json.loads(e["DATA_STATS"]), label=e["DATA_LABEL"]),
+        "mutation": describe_mutation(e.get("MUTATION", "")),
+        "versions": {k: e[v] for k, v in (("ferry", "V_FERRY"), ("kopia", "V_KOPIA"), ("restic", "V_RESTIC")) if e.get(v)},
+        "load_before": e["LOAD_BEFORE"],
+        "load_after": e["LOAD_AFTER"],
+        "machine": {"nproc": e["NPROC"], "cpu": e["CPU"], "memory": e["MEMORY"], "kernel": e["KERNEL"], "disk": e["DISK"]},
+        "settings": [
+            "All repositories are local directories on the same file system as the data copy and the restore target.",
+            "Before each tool's sequence the data is copied afresh (cp -a), synced, and read once in full "
+            "(warm-up), so every tool starts with the data in the page cache; nothing is dropped from the cache.",
+            "The unchanged and 1%-changed backups are of that same working copy, so each tool finds its parent "
+            "snapshot by path; Ferry is given --parent explicitly.",
+            "Restore is of the last (1%-changed) snapshot into an empty directory on the same disk"
+            + (", then compared with the source by diff -r (not timed)." if verify else "."),
+            "Ferry: defaults (zstd level 3 with a bypass for incompressible chunks, XChaCha20-Poly1305, "
+            "argon2id key file).",
+            "kopia: defaults as Velero uses them: compression off, default splitter, hash and encryption; periodic "
+            "maintenance disabled after repository create (Velero runs maintenance as separate jobs); file "
+            "logging disabled for snapshot and restore (Velero uses kopia as a library, without CLI log files); "
+            "update check off.",
+            "restic: defaults (repository format 2, compression auto, read concurrency 2).",
+            "Wall time and peak RSS come from /usr/bin/time -v per command (so they include each tool's start-up "
+            "and key derivation); the backup peak RSS is the highest of the three backups; time limit "
+            f"{e['TIMEOUT']} s per command.",
+        ],
+    }
+    json.dump(meta, sys.stdout, indent=1)
+
+
+def cmd_report(args):
+    with open(args.results, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    with open(args.meta, encoding="utf-8") as f:
+        meta = json.load(f)
+    med = medians(rows)
+    tools = [t for t in TOOLS if t in med]
+    data_bytes = meta["data"]["bytes"]
+    mb = 1e6
+    out = []
+    head = ["tool"] + [title for _, title, _ in METRICS] + [
+        "first backup (MB/s)", "restore (MB/s)", "repo after 1st (MB)", "repo after 3 (MB)",
+        "peak RSS backup (MiB)", "peak RSS restore (MiB)",
+    ]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|")
+    for tool in tools:
+        m = med[tool]
+        cells = [f"{tool} {meta['versions'].get(tool, '')}".strip()]
+        cells += [fmt(m.get(key)) for key, _, _ in METRICS]
+        first, rest = m.get("backup_first"), m.get("restore")
+        cells.append(fmt(data_bytes / mb / first if first else None, 0))
+        cells.append(fmt(data_bytes / mb / rest if rest else None, 0))
+        cells.append(fmt(m["repo_bytes_first"] / mb if "repo_bytes_first" in m else None, 1))
+        cells.append(fmt(m["repo_bytes_all"] / mb if "repo_bytes_all" in m else None, 1))
+        rss_b = peak_backup_rss(rows, tool)
+        cells.append(fmt(rss_b / 1024 if rss_b else None, 0))
+        rss_r = m.get("restore:rss")
+        cells.append(fmt(rss_r / 1024 if rss_r else None, 0))
+        out.append("| " + " | ".join(cells) + " |")
+    if "ferry" in med and len(tools) > 1:
+        out.append("")
+        out.append("Ratios within this run (other tool ÷ Ferry; above 1 means Ferry is faster or smaller):")
+        out.append("")
+        rhead = ["vs"] + [title.replace(" (s)", "") for _, title, _ in METRICS] + ["repo after 3", "peak RSS backup", "peak RSS restore"]
+        out.append("| " + " | ".join(rhead) + " |")
+        out.append("|" + "|".join(["---"] + ["---:"] * (len(rhead) - 1)) + "|")
+        f = med["ferry"]
+        for tool in tools:
+            if tool == "ferry":
+                continue
+            m = med[tool]
+            cells = [tool]
+            for key, _, _ in METRICS:
+                cells.append(fmt(m[key] / f[key] if m.get(key) and f.get(key) else None) + "×")
+            cells.append(fmt(m["repo_bytes_all"] / f["repo_bytes_all"] if f.get("repo_bytes_all") and "repo_bytes_all" in m else None) + "×")
+            fb, ob = peak_backup_rss(rows, "ferry"), peak_backup_rss(rows, tool)
+            cells.append(fmt(ob / fb if fb and ob else None) + "×")
+            fr, orr = f.get("restore:rss"), m.get("restore:rss")
+            cells.append(fmt(orr / fr if fr and orr else None) + "×")
+            out.append("| " + " | ".join(cells) + " |")
+    table = "\n".join(out)
+    if args.table_only:
+        print(table)
+        return
+    doc = [f"# Ferry vs kopia vs restic — {meta['date']} on {meta['host']}", ""]
+    if meta.get("note"):
+        doc += [f"**Note:** {meta['note']}", ""]
+    d = meta["data"]
+    doc += [
+        f"Data: {d['label']}: {d['files']:,} files, {d['bytes'] / mb:,.1f} MB. "
+        f"Runs: {meta['runs']} (medians shown; tool order rotated each run). "
+        f"1%-changed: {meta.get('mutation', '')}.",
+        "",
+        table,
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {meta['machine']['cpu']} ({meta['machine']['nproc']} cores visible)",
+        f"- Memory: {meta['machine']['memory']}",
+        f"- Kernel: {meta['machine']['kernel']}",
+        f"- Disk holding data, repositories and restores: {meta['machine']['disk']}",
+        f"- Load average before: {meta['load_before']}; after: {meta['load_after']}",
+        "",
+        "## Settings",
+        "",
+    ]
+    doc += [f"- {s}" for s in meta["settings"]]
+    doc += ["", "## Command", "", "```", meta["command"], "```", "", "## Every measurement", ""]
+    doc += ["| run | tool | metric | seconds | peak RSS (MiB) | size |", "|---:|---|---|---:|---:|---:|"]
+    for r in rows:
+        rss = fmt(r["rss_kib"] / 1024, 0) if r.get("rss_kib") else ""
+        value = f"{r['value'] / 1e6:,.1f} MB" if "value" in r else ""
+        secs = fmt(r["seconds"]) if "seconds" in r else ""
+        doc.append(f"| {r['run']} | {r['tool']} | {r['metric']} | {secs} | {rss} | {value} |")
+    text = "\n".join(doc) + "\n"
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(table)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    m = sub.add_parser("measure")
+    m.add_argument("--results", required=True)
+    m.add_argument("--tool", required=True)
+    m.add_argument("--run", type=int, required=True)
+    m.add_argument("--metric", required=True)
+    m.add_argument("--timeout", type=float, default=3600)
+    m.add_argument("--stdout")
+    m.add_argument("--stderr")
+    m.add_argument("command", nargs=argparse.REMAINDER)
+    m.set_defaults(func=cmd_measure)
+
+    r = sub.add_parser("record")
+    r.add_argument("--results", required=True)
+    r.add_argument("--tool", required=True)
+    r.add_argument("--run", type=int, required=True)
+    r.add_argument("--metric", required=True)
+    r.add_argument("--value", type=float, required=True)
+    r.set_defaults(func=cmd_record)
+
+    s = sub.add_parser("stats")
+    s.add_argument("dir")
+    s.set_defaults(func=cmd_stats)
+
+    mu = sub.add_parser("mutate")
+    mu.add_argument("dir")
+    mu.add_argument("--seed", type=int, required=True)
+    mu.add_argument("--percent", type=float, default=1.0)
+    mu.set_defaults(func=cmd_mutate)
+
+    si = sub.add_parser("snapshot-id")
+    si.add_argument("--tool", required=True, choices=TOOLS)
+    si.add_argument("file")
+    si.set_defaults(func=cmd_snapshot_id)
+
+    me = sub.add_parser("meta")
+    me.set_defaults(func=cmd_meta)
+
+    rp = sub.add_parser("report")
+    rp.add_argument("--results", required=True)
+    rp.add_argument("--meta", required=True)
+    rp.add_argument("--out")
+    rp.add_argument("--table-only", action="store_true")
+    rp.set_defaults(func=cmd_report)
+
+    args = p.parse_args()
+    if getattr(args, "command", None) and args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# Ferry against kopia (Velero's uploader) and restic, in one run, on the same data and disk.
+#
+# For each run and each tool (the order rotates from run to run), on a fresh copy of the data:
+#   first backup into an empty local repository, backup of the unchanged tree, backup after
+#   a deterministic 1 % of the files changed, restore of that last snapshot into an empty
+#   directory; the repository size after the first and after all three backups; the wall time
+#   and peak RSS (/usr/bin/time -v) of every command. Medians over the runs go to stdout and,
+#   with the machine, settings and every measurement, to benches/results/<date>-<host>.md.
+#
+# Usage: benches/compare/run.sh [--data DIR] [--runs N] [--tools ferry,kopia,restic]
+#                               [--work DIR] [--timeout SECONDS] [--note TEXT] [--out FILE]
+#                               [--no-verify]
+# Without --data, the Linux 6.1 source tree from Debian's linux-source-6.1 package is used
+# (downloaded and extracted once into the cache). See benches/README.md.
+set -euo pipefail
+
+KOPIA_VERSION=v0.23.1
+RESTIC_VERSION=v0.19.1
+LINUX_PACKAGE=linux-source-6.1
+PASSWORD=ferry-benchmark-password
+SEED=20250601
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+HELPER="$HERE/helper.py"
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/ferry"
+ANCHORS="$CACHE/anchors"
+COMMAND_LINE="$(python3 -c 'import shlex, sys; print(shlex.join(sys.argv[1:]))' benches/compare/run.sh "$@")"
+
+DATA=""
+RUNS=3
+TOOLS="ferry,kopia,restic"
+WORK_PARENT="${TMPDIR:-/tmp}"
+TIMEOUT=3600
+NOTE=""
+OUT=""
+VERIFY=1
+
+die() { echo "run.sh: $*" >&2; exit 1; }
+say() { echo "== $*" >&2; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --data) DATA="$(cd "${2:?--data needs a directory}" && pwd)"; shift 2 ;;
+    --runs) RUNS="${2:?}"; shift 2 ;;
+    --tools) TOOLS="${2:?}"; shift 2 ;;
+    --work) WORK_PARENT="${2:?}"; shift 2 ;;
+    --timeout) TIMEOUT="${2:?}"; shift 2 ;;
+    --note) NOTE="${2:?}"; shift 2 ;;
+    --out) OUT="${2:?}"; shift 2 ;;
+    --no-verify) VERIFY=0; shift ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument $1 (see --help)" ;;
+  esac
+done
+[[ "$RUNS" =~ ^[1-9][0-9]?$ ]] || die "--runs must be 1..99"
+[[ "$TIMEOUT" =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive number of seconds"
+IFS=',' read -r -a TOOL_LIST <<<"$TOOLS"
+for t in "${TOOL_LIST[@]}"; do
+  case "$t" in ferry|kopia|restic) ;; *) die "unknown tool $t" ;; esac
+done
+
+# ---------------------------------------------------------------- prerequisites
+need_apt() {
+  # Installs Debian packages that are missing (as root; otherwise says what is needed).
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  [[ $(id -u) -eq 0 ]] || die "please install: ${missing[*]}"
+  timeout 600 apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1 ||
+    { timeout 600 apt-get update >/dev/null && timeout 600 apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; } ||
+    die "apt-get install ${missing[*]} failed"
+}
+
+command -v python3 >/dev/null || die "python3 is required"
+[[ -x /usr/bin/time ]] || need_apt time
+
+# Builds a Go command from the module proxy into $ANCHORS/<name>-<version>/<name>, once.
+# A wrapper module that requires the pinned version is used instead of `go install pkg@v`,
+# which also asks the proxy for the module's version list (some proxies refuse that).
+build_go_tool() {
+  local name="$1" module="$2" version="$3" package="$4"
+  local dir="$ANCHORS/$name-$version" bin
+  bin="$dir/$name"
+  if [[ -x "$bin" ]]; then echo "$bin"; return 0; fi
+  command -v go >/dev/null || die "go is required to build $name $version"
+  say "building $name $version from the Go module proxy (once; cached in $dir)"
+  mkdir -p "$dir"
+  local mod
+  mod="$(mktemp -d)"
+  printf 'module ferry.invalid/anchors/%s\n\ngo 1.24\n\nrequire %s %s\n' "$name" "$module" "$version" >"$mod/go.mod"
+  if ! (cd "$mod" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod timeout 1800 \
+        go build -trimpath -o "$bin.partial" "$package") >&2; then
+    rm -rf "$mod" "$bin.partial"
+    die "building $name $version failed"
+  fi
+  rm -rf "$mod"
+  mv "$bin.partial" "$bin"
+  echo "$bin"
+}
+
+# The Linux source tree, extracted once into the cache, keyed by the package version.
+linux_tree() {
+  local base="$CACHE/data/$LINUX_PACKAGE" found
+  found="$(ls -d "$base"/*/.complete 2>/dev/null | sort -V | tail -n 1 || true)"
+  if [[ -n "$found" ]]; then dirname "$found"; return 0; fi
+  need_apt dpkg xz-utils
+  local dl version dest
+  dl="$(mktemp -d)"
+  say "downloading $LINUX_PACKAGE with apt-get (once; cached in $base)"
+  (cd "$dl" && { timeout 900 apt-get download "$LINUX_PACKAGE" >/dev/null 2>&1 ||
+    { timeout 600 apt-get update >/dev/null && timeout 900 apt-get download "$LINUX_PACKAGE" >/dev/null; }; }) ||
+    { rm -rf "$dl"; die "apt-get download $LINUX_PACKAGE failed"; }
+  local deb
+  deb="$(ls "$dl"/*.deb)"
+  version="$(dpkg-deb -f "$deb" Version)"
+  dest="$base/$version"
+  rm -rf "$dest"
+  mkdir -p "$dest"
+  dpkg-deb -x "$deb" "$dl/x"
+  say "extracting $LINUX_PACKAGE $version"
+  timeout 1800 tar -xf "$dl/x/usr/src/$LINUX_PACKAGE.tar.xz" -C "$dest"
+  rm -rf "$dl"
+  touch "$dest/.complete"
+  echo "$dest"
+}
+
+want() { [[ ",$TOOLS," == *",$1,"* ]]; }
+
+declare -A VERSION
+if want ferry; then
+  say "building ferry (cargo build --release -p ferry)"
+  (cd "$ROOT" && timeout 3600 cargo build --release -p ferry) >&2 || die "cargo build --release -p ferry failed"
+  FERRY="${CARGO_TARGET_DIR:-$ROOT/target}/release/ferry"
+  VERSION[ferry]="$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)$(cd "$ROOT" && git diff --quiet HEAD 2>/dev/null || echo '+changes')"
+fi
+if want kopia; then
+  KOPIA="$(build_go_tool kopia github.com/kopia/kopia "$KOPIA_VERSION" github.com/kopia/kopia)"
+  VERSION[kopia]="$KOPIA_VERSION"
+fi
+if want restic; then
+  RESTIC="$(build_go_tool restic github.com/restic/restic "$RESTIC_VERSION" github.com/restic/restic/cmd/restic)"
+  VERSION[restic]="$RESTIC_VERSION"
+fi
+
+if [[ -n "$DATA" ]]; then
+  DATA_LABEL="$DATA"
+else
+  LINUX_BASE="$(linux_tree)"
+  DATA="$LINUX_BASE/$LINUX_PACKAGE"
+  DATA_LABEL="Debian $LINUX_PACKAGE $(basename "$LINUX_BASE") (the extracted .tar.xz)"
+fi
+[[ -d "$DATA" ]] || die "no data directory $DATA"
+
+# ---------------------------------------------------------------- work area, cleanup
+mkdir -p "$WORK_PARENT"
+WORK="$(mktemp -d "$WORK_PARENT/ferry-compare.XXXXXX")"
+cleanup() { rm -rf "$WORK"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+RESULTS="$WORK/results.jsonl"
+: >"$RESULTS"
+SRC="$WORK/src"
+
+measure() { # tool run metric [--stdout F] -- command...
+  local tool="$1" run="$2" metric="$3"; shift 3
+  python3 "$HELPER" measure --results "$RESULTS" --tool "$tool" --run "$run" --metric "$metric" \
+    --timeout "$TIMEOUT" --stderr "$WORK/$tool-$metric.err" "$@"
+}
+record() { python3 "$HELPER" record --results "$RESULTS" --tool "$1" --run "$2" --metric "$3" --value "$4"; }
+repo_bytes() { du -sb "$1" | cut -f1; }
+quiet() { # runs a setup command, bounded; shows its output only if it fails
+  local log="$WORK/setup.log"
+  timeout "$TIMEOUT" "$@" >"$log" 2>&1 || { cat "$log" >&2; die "setup command failed: $*"; }
+}
+
+# ---------------------------------------------------------------- one tool, one run
+run_ferry() {
+  local run="$1" repo="$WORK/ferry-repo" out="$WORK/ferry.out" first second third
+  export FERRY_PASSWORD="$PASSWORD"
+  quiet "$FERRY" repo init --repo "file://$repo"
+  measure ferry "$run" backup_first --stdout "$out" -- "$FERRY" backup --repo "file://$repo" --json "$SRC"
+  first="$(python3 "$HELPER" snapshot-id --tool ferry "$out")"
+  record ferry "$run" repo_bytes_first "$(repo_bytes "$repo")"
+  measure ferry "$run" backup_unchanged --stdout "$out" -- "$FERRY" backup --repo "file://$repo" --parent "$first" --json "$SRC"
+  second="$(python3 "$HELPER" snapshot-id --tool ferry "$out")"
+  mutate "$run"
+  measure ferry "$run" backup_changed --stdout "$out" -- "$FERRY" backup --repo "file://$repo" --parent "$second" --json "$SRC"
+  third="$(python3 "$HELPER" snapshot-id --tool ferry "$out")"
+  record ferry "$run" repo_bytes_all "$(repo_bytes "$repo")"
+  measure ferry "$run" restore -- "$FERRY" restore --repo "file://$repo" "$third" "$WORK/restore"
+  verify "$WORK/restore" ferry
+  unset FERRY_PASSWORD
+}
+
+run_kopia() {
+  local run="$1" repo="$WORK/kopia-repo" out="$WORK/kopia.out" third
+  local common=(--config-file "$WORK/kopia/repository.config" --log-dir "$WORK/kopia/logs")
+  export KOPIA_PASSWORD="$PASSWORD" KOPIA_CHECK_FOR_UPDATES=false
+  quiet "$KOPIA" repository create filesystem --path "$repo" --cache-directory "$WORK/kopia/cache" "${common[@]}"
+  quiet "$KOPIA" maintenance set --enable-quick=false --enable-full=false "${common[@]}"
+  local snap=("$KOPIA" snapshot create "$SRC" --json --disable-file-logging "${common[@]}")
+  measure kopia "$run" backup_first --stdout "$out" -- "${snap[@]}"
+  python3 "$HELPER" snapshot-id --tool kopia "$out" >/dev/null
+  record kopia "$run" repo_bytes_first "$(repo_bytes "$repo")"
+  measure kopia "$run" backup_unchanged --stdout "$out" -- "${snap[@]}"
+  mutate "$run"
+  measure kopia "$run" backup_changed --stdout "$out" -- "${snap[@]}"
+  third="$(python3 "$HELPER" snapshot-id --tool kopia "$out")"
+  record kopia "$run" repo_bytes_all "$(repo_bytes "$repo")"
+  measure kopia "$run" restore -- "$KOPIA" snapshot restore "$third" "$WORK/restore" --disable-file-logging "${common[@]}"
+  verify "$WORK/restore" kopia
+  unset KOPIA_PASSWORD
+}
+
+run_restic() {
+  local run="$1" out="$WORK/restic.out" third
+  export RESTIC_PASSWORD="$PASSWORD" RESTIC_REPOSITORY="$WORK/restic-repo" RESTIC_CACHE_DIR="$WORK/restic-cache"
+  quiet "$RESTIC" init
+  measure restic "$run" backup_first --stdout "$out" -- "$RESTIC" backup --json "$SRC"
+  python3 "$HELPER" snapshot-id --tool restic "$out" >/dev/null
+  record restic "$run" repo_bytes_first "$(repo_bytes "$RESTIC_REPOSITORY")"
+  measure restic "$run" backup_unchanged --stdout "$out" -- "$RESTIC" backup --json "$SRC"
+  mutate "$run"
+  measure restic "$run" backup_changed --stdout "$out" -- "$RESTIC" backup --json "$SRC"
+  third="$(python3 "$HELPER" snapshot-id --tool restic "$out")"
+  record restic "$run" repo_bytes_all "$(repo_bytes "$RESTIC_REPOSITORY")"
+  # `ID:PATH` restores the backed-up directory's content directly into the target.
+  measure restic "$run" restore -- "$RESTIC" restore "$third:$SRC" --target "$WORK/restore"
+  verify "$WORK/restore" restic
+  unset RESTIC_PASSWORD RESTIC_REPOSITORY RESTIC_CACHE_DIR
+}
+
+MUTATION=""
+mutate() {
+  local summary
+  summary="$(python3 "$HELPER" mutate "$SRC" --seed "$((SEED + $1))" --percent 1)"
+  MUTATION="$summary"
+}
+
+verify() {
+  [[ $VERIFY -eq 1 ]] || return 0
+  if ! timeout "$TIMEOUT" diff -r --no-dereference -q "$SRC" "$1" >"$WORK/diff.txt" 2>&1; then
+    head -n 20 "$WORK/diff.txt" >&2
+    die "$2 restored a tree that differs from the source (first differences above)"
+  fi
+}
+
+fresh_copy() {
+  rm -rf "$SRC" "$WORK/restore" "$WORK"/*-repo "$WORK/kopia" "$WORK/restic-cache"
+  cp -a "$DATA" "$SRC"
+  sync
+  # Warm-up read: every tool then starts with the data in the page cache.
+  find "$SRC" -type f -print0 | xargs -0 -r cat >/dev/null
+}
+
+# ---------------------------------------------------------------- the runs
+read -r LOAD_BEFORE < <(cut -d' ' -f1-3 /proc/loadavg)
+DATA_STATS="$(python3 "$HELPER" stats "$DATA")"
+say "data: $DATA_LABEL $DATA_STATS; work area $WORK; $RUNS run(s) of ${TOOL_LIST[*]}"
+for ((run = 1; run <= RUNS; run++)); do
+  n=${#TOOL_LIST[@]}
+  for ((i = 0; i < n; i++)); do
+    tool="${TOOL_LIST[$(((i + run - 1) % n))]}"
+    say "run $run/$RUNS: $tool"
+    fresh_copy
+    "run_$tool" "$run"
+  done
+done
+rm -rf "$SRC" "$WORK/restore" "$WORK"/*-repo
+read -r LOAD_AFTER < <(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---------------------------------------------------------------- report
+HOST="$(hostname 2>/dev/null || cat /proc/sys/kernel/hostname)"
+DATE="$(date +%Y-%m-%d)"
+if [[ -z "$OUT" ]]; then
+  mkdir -p "$ROOT/benches/results"
+  OUT="$ROOT/benches/results/$DATE-$HOST.md"
+  [[ -e "$OUT" ]] && OUT="$ROOT/benches/results/$DATE-$HOST-$(date +%H%M%S).md"
+fi
+disk="$(df -h --output=source,fstype,size "$WORK" | tail -n 1 | tr -s ' ')"
+CPU="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')" \
+MEMORY="$(free -h | awk '/^Mem:/ {print $2 " total, " $7 " available at the end"}')" \
+KERNEL="$(uname -srm)" DISK="$disk" NPROC="$(nproc)" \
+DATE="$DATE" HOST="$HOST" RUNS="$RUNS" NOTE="$NOTE" COMMAND_LINE="$COMMAND_LINE" \
+DATA_STATS="$DATA_STATS" DATA_LABEL="$DATA_LABEL" MUTATION="$MUTATION" VERIFY="$VERIFY" \
+TIMEOUT="$TIMEOUT" LOAD_BEFORE="$LOAD_BEFORE" LOAD_AFTER="$LOAD_AFTER" \
+V_FERRY="${VERSION[ferry]:-}" V_KOPIA="${VERSION[kopia]:-}" V_RESTIC="${VERSION[restic]:-}" \
+  python3 "$HELPER" meta >"$WORK/meta.json"
+python3 "$HELPER" report --results "$RESULTS" --meta "$WORK/meta.json" --out "$OUT"
+echo
+echo "Written to ${OUT#"$ROOT"/}"
