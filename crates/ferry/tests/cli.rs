@@ -1,0 +1,153 @@
+//! The `ferry` command line end to end: a repository on a real S3 server (moto) and on a
+//! file system, driven exactly as a user would, checking output formats and exit codes.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use ferry_testbed::S3Server;
+
+const PASSWORD: &str = "cli-test-password";
+
+fn ferry(envs: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
+    cmd.args(args)
+        .env_remove("FERRY_REPO")
+        .env("FERRY_PASSWORD", PASSWORD)
+        .env("AWS_ACCESS_KEY_ID", "ferry-test")
+        .env("AWS_SECRET_ACCESS_KEY", "ferry-test-secret")
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run ferry")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "ferry failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).expect("utf-8 stdout")
+}
+
+/// Creates a bucket with a path-style `PUT /bucket` (moto accepts it without signing).
+fn create_bucket(endpoint: &str, bucket: &str) {
+    use std::io::{Read, Write};
+    let addr = endpoint.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to moto");
+    write!(
+        stream,
+        "PUT /{bucket} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    assert!(response.starts_with("HTTP/1.1 200"), "bucket creation failed: {response}");
+}
+
+fn make_tree(root: &Path) {
+    std::fs::create_dir_all(root.join("sub/deeper")).expect("mkdir");
+    std::fs::write(root.join("a.txt"), b"hello ferry\n").expect("write");
+    std::fs::write(
+        root.join("sub/big.bin"),
+        (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect::<Vec<_>>(),
+    )
+    .expect("write");
+    std::fs::write(root.join("sub/deeper/empty"), b"").expect("write");
+    std::os::unix::fs::symlink("../a.txt", root.join("sub/link")).expect("symlink");
+}
+
+fn assert_same_tree(a: &Path, b: &Path) {
+    let out =
+        Command::new("diff").args(["-r", "--no-dereference"]).arg(a).arg(b).output().expect("diff");
+    assert!(out.status.success(), "trees differ: {}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn backup_restore_snapshots_check_on_s3() {
+    let s3 = S3Server::shared();
+    create_bucket(s3.endpoint(), "cli-s3");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    make_tree(&src);
+    let env = [("FERRY_S3_ENDPOINT", s3.endpoint()), ("FERRY_S3_REGION", "us-east-1")];
+    let repo = "s3://cli-s3/ferry/ns";
+
+    let init = ok(&ferry(&env, &["repo", "init", "--repo", repo]));
+    assert!(init.contains("created repository"), "{init}");
+    // A second init (another node racing, or a rerun) opens the existing repository.
+    let again = ok(&ferry(&env, &["repo", "init", "--repo", repo]));
+    assert!(again.contains("already exists"), "{again}");
+
+    let json = ok(&ferry(
+        &env,
+        &["backup", "--repo", repo, "--json", "--tag", "pvc=data-0", src.to_str().expect("path")],
+    ));
+    let summary: serde_json::Value =
+        serde_json::from_str(json.trim()).expect("backup --json is JSON");
+    let id = summary["snapshot_id"].as_str().expect("snapshot_id").to_owned();
+    assert_eq!(summary["files"], 3, "regular files: {summary}");
+    assert!(summary["bytes_total"].as_u64().expect("bytes_total") >= 3_000_012);
+    assert!(summary["duration_s"].is_number());
+
+    // Plain output: the snapshot ID is the last line of stdout.
+    let second =
+        ok(&ferry(&env, &["backup", "--repo", repo, "--parent", &id, src.to_str().expect("path")]));
+    let second_id = second.lines().last().expect("a line").to_owned();
+    assert_eq!(second_id.len(), 64, "{second}");
+
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(&ferry(&env, &["snapshots", "--repo", repo, "--json"])))
+            .expect("JSON");
+    let list = list.as_array().expect("a list");
+    assert_eq!(list.len(), 2);
+    let newest =
+        list.iter().find(|s| s["id"] == second_id.as_str()).expect("second snapshot listed");
+    assert_eq!(newest["parent"], id.as_str());
+    assert_eq!(newest["tags"], serde_json::json!({}));
+    let first = list.iter().find(|s| s["id"] == id.as_str()).expect("first listed");
+    assert_eq!(first["tags"]["pvc"], "data-0");
+    assert!(first["bytes"].as_u64().is_some() && first["time"].is_string());
+
+    let target = dir.path().join("restored");
+    ok(&ferry(
+        &env,
+        &["restore", "--repo", repo, "--sparse", &second_id[..12], target.to_str().expect("path")],
+    ));
+    assert_same_tree(&src, &target);
+
+    let check = ok(&ferry(&env, &["check", "--repo", repo, "--read-data"]));
+    assert!(check.contains("no problems found"), "{check}");
+}
+
+/// Environment, arguments, and a text the one-line error must contain.
+type FailureCase<'a> = (&'a [(&'a str, &'a str)], Vec<&'a str>, &'a str);
+
+#[test]
+fn failures_exit_non_zero_with_a_one_line_cause() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = format!("file://{}", dir.path().join("repo").display());
+    ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
+
+    let cases: [FailureCase<'_>; 4] = [
+        (&[("FERRY_PASSWORD", "wrong")], vec!["snapshots", "--repo", &repo], "wrong password"),
+        (&[], vec!["snapshots", "--repo", "file:///nonexistent/ferry-repo"], "does not exist"),
+        (&[], vec!["restore", "--repo", &repo, "deadbeef", "/tmp/ferry-never"], "deadbeef"),
+        (
+            &[("FERRY_S3_ENDPOINT", "http://127.0.0.1:9"), ("FERRY_S3_REGION", "us-east-1")],
+            vec!["snapshots", "--repo", "s3://nobucket/x"],
+            "127.0.0.1:9",
+        ),
+    ];
+    for (env, args, expected) in cases {
+        let out = ferry(env, &args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<_> = stderr.lines().filter(|l| l.starts_with("ferry: error:")).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
+        assert!(lines[0].contains(expected), "{args:?}: expected {expected:?} in {stderr}");
+    }
+    assert!(!Path::new("/tmp/ferry-never").exists(), "a failed restore must not create its target");
+}
