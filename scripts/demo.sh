@@ -99,6 +99,6 @@ spec:
   operationTimeout: 10m0s
 YAML
 kubectl --kubeconfig "$kubeconfig" -n velero get datauploads
-echo "(Ferry's node agent, which will process such DataUploads, is not built yet.)"
+echo "(Ferry's DataUpload controllers exist in crates/ferry-agent, but the \"ferry agent\" run mode with the CSI exposer that would pick this up is not built yet.)"
 
 say "Done; tearing everything down"
