@@ -199,18 +199,19 @@ async fn unreadable_file_is_recorded_not_skipped() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_backup_leaves_indexed_data_the_next_one_reuses() -> TestResult {
-    let (repo, _) = memory_repo().await;
     let src = tempfile::tempdir()?;
     std::fs::write(src.path().join("big"), noise(160 << 20, 11))?;
+    // Interrupt after the 12th pack (about 48 MiB of 160) is stored, however fast the machine.
     let cancel = CancellationToken::new();
-    let trigger = cancel.clone();
-    let f: ferry_repo::ProgressFn = Arc::new(move |p: &Progress| {
-        if p.bytes_done >= 64 << 20 {
-            trigger.cancel();
-        }
+    let store = Arc::new(common::CancelAfterPacks {
+        inner: Arc::new(ferry_store::MemoryStore::new()),
+        after: 12,
+        written: std::sync::atomic::AtomicUsize::new(0),
+        cancel: cancel.clone(),
     });
+    let repo = ferry_repo::Repository::init(store, b"secret", &common::options(), &cancel).await?.0;
     let options = BackupOptions { compression_level: 1, ..BackupOptions::default() };
-    let r = backup_tree(&repo, src.path(), &options, Some(f), &cancel).await;
+    let r = backup_tree(&repo, src.path(), &options, None, &cancel).await;
     assert!(matches!(r, Err(RepoError::Cancelled)), "{r:?}");
     // What was stored before the interruption is indexed, consistent, and reused.
     let fresh = CancellationToken::new();
