@@ -34,6 +34,10 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run the node agent: process DataUploads and DataDownloads on this node.
+    Agent(Box<crate::agent_cmd::AgentArgs>),
+    /// Wait until stopped (the command of the pods that hold exposed volumes).
+    Hold,
     /// Verify the repository's structure and references.
     Check {
         #[command(flatten)]

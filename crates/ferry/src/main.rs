@@ -2,6 +2,7 @@
 //!
 //! Exit status 0 on success; on failure a one-line cause on stderr and a non-zero status.
 
+mod agent_cmd;
 mod cli;
 mod password;
 mod progress;
@@ -25,9 +26,16 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         let on_signal = cancel.clone();
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                on_signal.cancel();
+            let Ok(mut term) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            else {
+                return;
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
             }
+            on_signal.cancel();
         });
         run(cli.command, &cancel).await
     });
@@ -46,6 +54,8 @@ async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()>
         Command::Restore(args) => repo_cmds::restore(&args, cancel).await,
         Command::Snapshots { repo, json } => repo_cmds::snapshots(&repo, json, cancel).await,
         Command::Check { repo, read_data } => repo_cmds::check(&repo, read_data, cancel).await,
+        Command::Agent(args) => agent_cmd::run(&args, cancel).await,
+        Command::Hold => agent_cmd::hold(cancel).await,
     }
 }
 

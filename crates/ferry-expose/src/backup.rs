@@ -1,0 +1,357 @@
+//! The backup exposer: a DataUpload's CSI snapshot as a backup PVC held by a pod.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ferry_agent::{ExposeParams, Exposed, ExposedVolume, Exposer, VolumeMode, WorkError};
+use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use ferry_api::keys::DATA_UPLOAD_LABEL;
+use ferry_api::{DataUpload, NodeOs, VolumeSnapshot, VolumeSnapshotContent};
+use kube::api::Api;
+use kube::{Client, ResourceExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::objects::{self, ClaimSpec, HolderSpec, mode_text};
+use crate::ops::{create_or_get, delete_if_present, get_opt, owner_of, update};
+use crate::pod;
+use crate::wait::{Look, until};
+use crate::{ExposeError, ExposerConfig, labels};
+
+/// Exposes DataUploads' CSI snapshots. See the crate docs.
+#[derive(Clone)]
+pub struct CsiBackupExposer {
+    client: Client,
+    config: ExposerConfig,
+}
+
+impl std::fmt::Debug for CsiBackupExposer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CsiBackupExposer").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+/// The physical snapshot as found on the source or the backup objects.
+struct Snapshot {
+    handle: String,
+    driver: String,
+    class: Option<String>,
+    mode: VolumeMode,
+    size_bytes: Option<i64>,
+}
+
+impl CsiBackupExposer {
+    /// An exposer working in `config.namespace`.
+    #[must_use]
+    pub fn new(client: Client, config: ExposerConfig) -> Self {
+        Self { client, config }
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.config.namespace)
+    }
+
+    fn claims(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client.clone(), &self.config.namespace)
+    }
+
+    fn snapshots(&self) -> Api<VolumeSnapshot> {
+        Api::namespaced(self.client.clone(), &self.config.namespace)
+    }
+
+    fn contents(&self) -> Api<VolumeSnapshotContent> {
+        Api::all(self.client.clone())
+    }
+
+    fn labels(du: &DataUpload) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (DATA_UPLOAD_LABEL.to_owned(), du.name_any()),
+            (labels::CREATED_BY.to_owned(), "ferry".to_owned()),
+        ])
+    }
+
+    /// Moves the physical snapshot from the source VolumeSnapshot to the backup pair, or
+    /// finds it there from an earlier attempt.
+    async fn take_over_snapshot(
+        &self,
+        du: &DataUpload,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<Snapshot, ExposeError> {
+        let name = du.name_any();
+        if let Some(content) =
+            get_opt(&self.contents(), &name, "reading the backup content").await?
+        {
+            return Ok(snapshot_of(&content, None));
+        }
+        let csi = du.spec.csi_snapshot.as_ref().ok_or_else(|| {
+            ExposeError::Invalid(format!("DataUpload {name} has no spec.csiSnapshot"))
+        })?;
+        let source_ns = &du.spec.source_namespace;
+        let sources: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), source_ns);
+        let what = format!("VolumeSnapshot {source_ns}/{}", csi.volume_snapshot);
+        let source = until(&format!("{what} to be ready"), timeout, cancel, || async {
+            let vs = get_opt(&sources, &csi.volume_snapshot, "reading the source snapshot")
+                .await?
+                .ok_or_else(|| ExposeError::Missing {
+                    what: what.clone(),
+                    hint: ": the snapshot the DataUpload names was deleted or never created".into(),
+                })?;
+            let status = vs.status.clone().unwrap_or_default();
+            if let Some(message) = status.error.as_ref().and_then(|e| e.message.clone()) {
+                return Err(ExposeError::Unusable(format!("{what} failed: {message}")));
+            }
+            match (status.ready_to_use, &status.bound_volume_snapshot_content_name) {
+                (Some(true), Some(content)) => Ok(Look::Ready((vs, content.clone()))),
+                _ => Ok(Look::NotYet(format!("{what} readyToUse={:?}", status.ready_to_use))),
+            }
+        })
+        .await?;
+        let (source_vs, source_content_name) = source;
+        let source_content = get_opt(&self.contents(), &source_content_name, "reading the content")
+            .await?
+            .ok_or_else(|| ExposeError::Missing {
+                what: format!("VolumeSnapshotContent {source_content_name}"),
+                hint: String::new(),
+            })?;
+        let size = source_vs
+            .status
+            .as_ref()
+            .and_then(|s| s.restore_size.as_ref())
+            .and_then(|q| parse_quantity(&q.0));
+        let mode = match source_content.spec.source_volume_mode.as_deref() {
+            Some(m) => parse_mode(m),
+            None => self.source_pvc_mode(du).await?,
+        };
+        let mut found = snapshot_of(&source_content, Some(mode));
+        if found.size_bytes.is_none() {
+            found.size_bytes = size;
+        }
+        if found.handle.is_empty() {
+            return Err(ExposeError::Unusable(format!(
+                "VolumeSnapshotContent {source_content_name} has no snapshot handle"
+            )));
+        }
+        let class = (!csi.snapshot_class.is_empty()).then_some(csi.snapshot_class.as_str());
+        let content = objects::backup_content(
+            &name,
+            &found.handle,
+            &found.driver,
+            class.or(found.class.as_deref()),
+            Some(mode_text(mode)),
+            &self.config.namespace,
+        )?;
+        create_or_get(&self.contents(), &content, "creating the backup content").await?;
+        // The physical snapshot now has two owners; let go of the source's claim on it.
+        update(&self.contents(), &source_content_name, "retaining the source content", |c| {
+            let change = c.spec.deletion_policy != "Retain";
+            c.spec.deletion_policy = "Retain".into();
+            change
+        })
+        .await?;
+        delete_if_present(&sources, &csi.volume_snapshot, "deleting the source snapshot").await?;
+        delete_if_present(&self.contents(), &source_content_name, "deleting the source content")
+            .await?;
+        Ok(found)
+    }
+
+    async fn source_pvc_mode(&self, du: &DataUpload) -> Result<VolumeMode, ExposeError> {
+        let pvcs: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &du.spec.source_namespace);
+        let pvc = get_opt(&pvcs, &du.spec.source_pvc, "reading the source PVC").await?;
+        Ok(pvc
+            .and_then(|p| p.spec)
+            .and_then(|s| s.volume_mode)
+            .map_or(VolumeMode::Filesystem, |m| parse_mode(&m)))
+    }
+}
+
+#[async_trait]
+impl Exposer<DataUpload> for CsiBackupExposer {
+    async fn expose(&self, du: &DataUpload, params: &ExposeParams) -> Result<Exposed, WorkError> {
+        let timeout = params.operation_timeout;
+        let cancel = &params.cancel;
+        let name = du.name_any();
+        let ns = &self.config.namespace;
+        let owner = owner_of(du)?;
+        let labels = Self::labels(du);
+        let snapshot = self.take_over_snapshot(du, timeout, cancel).await?;
+        let class = du.spec.csi_snapshot.as_ref().map(|c| c.snapshot_class.clone());
+        let vs = objects::backup_snapshot(
+            ns,
+            &name,
+            &name,
+            class.as_deref().or(snapshot.class.as_deref()),
+            &owner,
+            &labels,
+        )?;
+        create_or_get(&self.snapshots(), &vs, "creating the backup snapshot").await?;
+        let what = format!("backup VolumeSnapshot {ns}/{name} to be ready");
+        let ready_size = until(&what, timeout, cancel, || async {
+            let vs = get_opt(&self.snapshots(), &name, "reading the backup snapshot").await?;
+            let status = vs.and_then(|v| v.status).unwrap_or_default();
+            if let Some(message) = status.error.as_ref().and_then(|e| e.message.clone()) {
+                return Err(ExposeError::Unusable(format!("backup snapshot failed: {message}")));
+            }
+            Ok(match status.ready_to_use {
+                Some(true) => {
+                    Look::Ready(status.restore_size.as_ref().and_then(|q| parse_quantity(&q.0)))
+                }
+                _ => Look::NotYet(format!("readyToUse={:?}", status.ready_to_use)),
+            })
+        })
+        .await?;
+        let size = snapshot.size_bytes.or(ready_size).ok_or_else(|| {
+            ExposeError::Unusable(format!(
+                "the snapshot of DataUpload {name} reports no restoreSize: cannot size the backup PVC"
+            ))
+        })?;
+        let source_class = du.spec.csi_snapshot.as_ref().map(|c| c.storage_class.clone());
+        let source_class = source_class.unwrap_or_default();
+        let storage_class =
+            self.config.backup_storage_class.get(&source_class).cloned().unwrap_or(source_class);
+        let read_only = self.config.backup_read_only.contains(&storage_class);
+        let claim = objects::claim(&ClaimSpec {
+            namespace: ns,
+            name: &name,
+            storage_class: (!storage_class.is_empty()).then_some(storage_class.as_str()),
+            access_modes: vec![if read_only { "ReadOnlyMany" } else { "ReadWriteOnce" }.into()],
+            mode: snapshot.mode,
+            size: size.to_string(),
+            snapshot: Some(&name),
+            labels: &labels,
+            owner: &owner,
+        })?;
+        create_or_get(&self.claims(), &claim, "creating the backup PVC").await?;
+        let holder = objects::holder_pod(
+            &self.config,
+            &HolderSpec {
+                namespace: ns,
+                name: &name,
+                claim: &name,
+                mode: snapshot.mode,
+                read_only,
+                node: None,
+                labels: &labels,
+                owner: &owner,
+            },
+        )?;
+        create_or_get(&self.pods(), &holder, "creating the backup pod").await?;
+        let node =
+            pod::wait_placed(&self.pods(), &name, timeout, self.config.unschedulable_grace, cancel)
+                .await?;
+        Ok(Exposed { node })
+    }
+
+    async fn locate(
+        &self,
+        du: &DataUpload,
+        node: &str,
+    ) -> Result<Option<ExposedVolume>, WorkError> {
+        locate(&self.client, &self.config, &du.name_any(), node).await.map_err(Into::into)
+    }
+
+    async fn cleanup(&self, du: &DataUpload, _timeout: Duration) -> Result<(), WorkError> {
+        let name = du.name_any();
+        delete_if_present(&self.pods(), &name, "deleting the backup pod").await?;
+        delete_if_present(&self.claims(), &name, "deleting the backup PVC").await?;
+        delete_if_present(&self.snapshots(), &name, "deleting the backup snapshot").await?;
+        // deletionPolicy Delete: this removes the physical snapshot too.
+        delete_if_present(&self.contents(), &name, "deleting the backup content").await?;
+        Ok(())
+    }
+}
+
+/// Finds the volume of holding pod `name` (in Velero's namespace) on `node`.
+pub(crate) async fn locate(
+    client: &Client,
+    config: &ExposerConfig,
+    name: &str,
+    node: &str,
+) -> Result<Option<ExposedVolume>, ExposeError> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
+    let Some(pod) = get_opt(&pods, name, "reading the holding pod").await? else {
+        return Err(ExposeError::Unusable(format!(
+            "pod {}/{name} holding the volume was deleted",
+            config.namespace
+        )));
+    };
+    pod::failed(&pod)?;
+    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node) || !pod::running(&pod) {
+        return Ok(None);
+    }
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &config.namespace);
+    let Some(claim) = get_opt(&claims, name, "reading the exposed PVC").await? else {
+        return Err(ExposeError::Unusable(format!("PVC {}/{name} was deleted", config.namespace)));
+    };
+    let spec = claim.spec.unwrap_or_default();
+    let Some(pv) = spec.volume_name.filter(|v| !v.is_empty()) else { return Ok(None) };
+    let mode = spec.volume_mode.as_deref().map_or(VolumeMode::Filesystem, parse_mode);
+    let uid = pod.uid().unwrap_or_default();
+    let found = crate::find_volume(&config.kubelet_root, &uid, &pv, mode).map_err(|e| {
+        ExposeError::Unusable(format!(
+            "looking for volume {pv} of pod {name} under {}: {e}",
+            config.kubelet_root.display()
+        ))
+    })?;
+    Ok(found.map(|path| ExposedVolume {
+        node: node.to_owned(),
+        path,
+        mode,
+        node_os: NodeOs::Linux,
+    }))
+}
+
+fn snapshot_of(content: &VolumeSnapshotContent, mode: Option<VolumeMode>) -> Snapshot {
+    let status = content.status.clone().unwrap_or_default();
+    Snapshot {
+        handle: status
+            .snapshot_handle
+            .or_else(|| content.spec.source.snapshot_handle.clone())
+            .unwrap_or_default(),
+        driver: content.spec.driver.clone(),
+        class: content.spec.volume_snapshot_class_name.clone(),
+        mode: mode.unwrap_or_else(|| {
+            content.spec.source_volume_mode.as_deref().map_or(VolumeMode::Filesystem, parse_mode)
+        }),
+        size_bytes: status.restore_size,
+    }
+}
+
+pub(crate) fn parse_mode(text: &str) -> VolumeMode {
+    if text == "Block" { VolumeMode::Block } else { VolumeMode::Filesystem }
+}
+
+/// Bytes of a Kubernetes quantity in the forms storage uses (`1Gi`, `500M`, `1073741824`).
+pub(crate) fn parse_quantity(text: &str) -> Option<i64> {
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, suffix) = text.split_at(digits);
+    let number: i64 = number.parse().ok()?;
+    let factor: i64 = match suffix {
+        "" => 1,
+        "k" => 1000,
+        "M" => 1000_i64.pow(2),
+        "G" => 1000_i64.pow(3),
+        "T" => 1000_i64.pow(4),
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => return None,
+    };
+    number.checked_mul(factor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_quantity;
+
+    #[test]
+    fn quantities() {
+        assert_eq!(parse_quantity("1Gi"), Some(1 << 30));
+        assert_eq!(parse_quantity("500M"), Some(500_000_000));
+        assert_eq!(parse_quantity("4096"), Some(4096));
+        assert_eq!(parse_quantity("1.5Gi"), None);
+        assert_eq!(parse_quantity("x"), None);
+    }
+}

@@ -1,0 +1,47 @@
+//! Ferry's exposers: how a DataUpload's CSI snapshot and a DataDownload's target volume become
+//! reachable on a node.
+//!
+//! - [`CsiBackupExposer`] (DataUploads): waits for the source VolumeSnapshot, hands the
+//!   physical snapshot to a backup VolumeSnapshotContent/VolumeSnapshot pair in Velero's
+//!   namespace (the source objects are deleted with the content set to `Retain`, so the
+//!   snapshot survives them), creates a backup PVC from it and a pod that holds the PVC. The
+//!   cluster schedules the pod; the agent on that node reads the volume through the kubelet's
+//!   pods directory. Cleanup deletes the pod, the PVC and the backup snapshot objects, and with
+//!   them the physical snapshot.
+//! - [`CsiRestoreExposer`] (DataDownloads): waits for the target PVC (and, for
+//!   WaitForFirstConsumer classes, the node the scheduler chose for it), provisions a restore
+//!   PVC like it with a pod on that node; after the data is written it hands the volume to the
+//!   target PVC: reclaim policy `Retain`, restore pod and PVC deleted, the PV's `claimRef`
+//!   pointed at the target with the `velero.io/dynamic-pv-restore` label, the bind awaited, the
+//!   reclaim policy put back.
+//!
+//! Every wait is bounded by the CR's `operationTimeout` and its cancellation, and a pod that
+//! fails or cannot be scheduled fails the CR with the cluster's reason. Every step is
+//! idempotent: an agent that restarts (or a node that takes a CR over) runs them again and
+//! continues from what exists.
+
+mod backup;
+mod config;
+mod error;
+mod kubelet;
+mod objects;
+mod ops;
+mod pod;
+mod restore;
+mod wait;
+
+pub use backup::CsiBackupExposer;
+pub use config::ExposerConfig;
+pub use error::ExposeError;
+pub use kubelet::{find_volume, pod_volume_path};
+pub use restore::CsiRestoreExposer;
+
+/// Labels and annotations Ferry puts on the objects it creates.
+pub mod labels {
+    /// On the backup/restore pod and PVC: which data mover made them.
+    pub const CREATED_BY: &str = "ferry.io/created-by";
+    /// On a restore PV while Ferry holds it: the reclaim policy to put back after the bind.
+    pub const ORIGINAL_RECLAIM_POLICY: &str = "ferry.io/original-reclaim-policy";
+    /// On a restore PV while Ferry holds it: the DataDownload it belongs to.
+    pub const RESTORE_FOR: &str = "ferry.io/restore-for";
+}

@@ -1,0 +1,197 @@
+//! The objects the exposers create, built from what the CR and the cluster say.
+
+use std::collections::BTreeMap;
+
+use ferry_agent::VolumeMode;
+use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use ferry_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use ferry_api::{VolumeSnapshot, VolumeSnapshotContent};
+use serde_json::json;
+
+use crate::{ExposeError, ExposerConfig};
+
+/// Velero's name for the container path of an exposed file-system volume, kept for familiarity.
+const MOUNT_PATH: &str = "/volume";
+/// The device path of an exposed block volume inside the holding pod.
+const DEVICE_PATH: &str = "/dev/volume";
+
+fn from_json<T: serde::de::DeserializeOwned>(
+    what: &str,
+    value: serde_json::Value,
+) -> Result<T, ExposeError> {
+    serde_json::from_value(value)
+        .map_err(|e| ExposeError::Invalid(format!("building the {what}: {e}")))
+}
+
+pub(crate) fn mode_text(mode: VolumeMode) -> &'static str {
+    match mode {
+        VolumeMode::Filesystem => "Filesystem",
+        VolumeMode::Block => "Block",
+    }
+}
+
+/// A VolumeSnapshotContent that takes over an existing physical snapshot.
+pub(crate) fn backup_content(
+    name: &str,
+    snapshot_handle: &str,
+    driver: &str,
+    class: Option<&str>,
+    source_volume_mode: Option<&str>,
+    namespace: &str,
+) -> Result<VolumeSnapshotContent, ExposeError> {
+    let mut spec = json!({
+        "deletionPolicy": "Delete",
+        "driver": driver,
+        "source": { "snapshotHandle": snapshot_handle },
+        "volumeSnapshotRef": {
+            "apiVersion": "snapshot.storage.k8s.io/v1",
+            "kind": "VolumeSnapshot",
+            "namespace": namespace,
+            "name": name,
+        },
+    });
+    if let Some(class) = class.filter(|c| !c.is_empty()) {
+        spec["volumeSnapshotClassName"] = json!(class);
+    }
+    if let Some(mode) = source_volume_mode {
+        spec["sourceVolumeMode"] = json!(mode);
+    }
+    from_json(
+        "backup VolumeSnapshotContent",
+        json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1",
+            "kind": "VolumeSnapshotContent",
+            "metadata": { "name": name, "labels": { "ferry.io/created-by": "ferry" } },
+            "spec": spec,
+        }),
+    )
+}
+
+/// A VolumeSnapshot bound to the backup content.
+pub(crate) fn backup_snapshot(
+    namespace: &str,
+    name: &str,
+    content: &str,
+    class: Option<&str>,
+    owner: &OwnerReference,
+    labels: &BTreeMap<String, String>,
+) -> Result<VolumeSnapshot, ExposeError> {
+    let mut spec = json!({ "source": { "volumeSnapshotContentName": content } });
+    if let Some(class) = class.filter(|c| !c.is_empty()) {
+        spec["volumeSnapshotClassName"] = json!(class);
+    }
+    from_json(
+        "backup VolumeSnapshot",
+        json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1",
+            "kind": "VolumeSnapshot",
+            "metadata": {
+                "name": name, "namespace": namespace, "labels": labels,
+                "ownerReferences": [owner],
+            },
+            "spec": spec,
+        }),
+    )
+}
+
+/// What a PVC the exposer creates looks like.
+pub(crate) struct ClaimSpec<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub storage_class: Option<&'a str>,
+    pub access_modes: Vec<String>,
+    pub mode: VolumeMode,
+    pub size: String,
+    pub snapshot: Option<&'a str>,
+    pub labels: &'a BTreeMap<String, String>,
+    pub owner: &'a OwnerReference,
+}
+
+pub(crate) fn claim(c: &ClaimSpec<'_>) -> Result<PersistentVolumeClaim, ExposeError> {
+    let mut spec = json!({
+        "accessModes": c.access_modes,
+        "volumeMode": mode_text(c.mode),
+        "resources": { "requests": { "storage": c.size } },
+    });
+    if let Some(class) = c.storage_class {
+        spec["storageClassName"] = json!(class);
+    }
+    if let Some(snapshot) = c.snapshot {
+        spec["dataSource"] = json!({
+            "apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": snapshot,
+        });
+    }
+    from_json(
+        "PersistentVolumeClaim",
+        json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {
+                "name": c.name, "namespace": c.namespace, "labels": c.labels,
+                "ownerReferences": [c.owner],
+            },
+            "spec": spec,
+        }),
+    )
+}
+
+/// What a holding pod looks like.
+pub(crate) struct HolderSpec<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub claim: &'a str,
+    pub mode: VolumeMode,
+    pub read_only: bool,
+    /// Pin to this node (the target PVC's selected node).
+    pub node: Option<&'a str>,
+    pub labels: &'a BTreeMap<String, String>,
+    pub owner: &'a OwnerReference,
+}
+
+/// A pod that only holds the volume so the kubelet attaches and mounts it on its node.
+pub(crate) fn holder_pod(config: &ExposerConfig, h: &HolderSpec<'_>) -> Result<Pod, ExposeError> {
+    let mut container = json!({
+        "name": "hold",
+        "image": config.pod_image,
+        "command": config.pod_command,
+        "resources": { "requests": { "cpu": "10m", "memory": "16Mi" } },
+    });
+    match h.mode {
+        VolumeMode::Filesystem => {
+            container["volumeMounts"] =
+                json!([{ "name": "volume", "mountPath": MOUNT_PATH, "readOnly": h.read_only }]);
+        }
+        VolumeMode::Block => {
+            container["volumeDevices"] = json!([{ "name": "volume", "devicePath": DEVICE_PATH }]);
+        }
+    }
+    let mut spec = json!({
+        "containers": [container],
+        "volumes": [{
+            "name": "volume",
+            "persistentVolumeClaim": { "claimName": h.claim, "readOnly": h.read_only },
+        }],
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "automountServiceAccountToken": false,
+        "tolerations": [{ "operator": "Exists" }],
+    });
+    if let Some(node) = h.node {
+        spec["nodeSelector"] = json!({ "kubernetes.io/hostname": node });
+    }
+    if let Some(class) = &config.priority_class_name {
+        spec["priorityClassName"] = json!(class);
+    }
+    from_json(
+        "holding Pod",
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": h.name, "namespace": h.namespace, "labels": h.labels,
+                "ownerReferences": [h.owner],
+            },
+            "spec": spec,
+        }),
+    )
+}

@@ -1,0 +1,103 @@
+//! Reading a holding pod's state: placed, running, or never going to be.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use ferry_api::k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::Api;
+use tokio_util::sync::CancellationToken;
+
+use crate::ExposeError;
+use crate::ops::get_opt;
+use crate::wait::{Look, until};
+
+/// Tracks how long a pod has been reported unschedulable.
+#[derive(Debug, Default)]
+pub(crate) struct Unschedulable {
+    since: Mutex<Option<Instant>>,
+}
+
+/// Waits until holding pod `name` is placed on a node and returns the node.
+pub(crate) async fn wait_placed(
+    pods: &Api<Pod>,
+    name: &str,
+    timeout: Duration,
+    grace: Duration,
+    cancel: &CancellationToken,
+) -> Result<String, ExposeError> {
+    let unschedulable = Unschedulable::default();
+    let unschedulable = &unschedulable;
+    until(&format!("pod {name} to be scheduled"), timeout, cancel, || async move {
+        let pod = get_opt(pods, name, "reading the holding pod")
+            .await?
+            .ok_or_else(|| ExposeError::Unusable(format!("pod {name} was deleted")))?;
+        placed(&pod, grace, unschedulable)
+    })
+    .await
+}
+
+/// The node the pod was placed on, once it is; a failed pod, or one the scheduler has
+/// rejected for longer than `grace`, is an error carrying the cluster's reason.
+pub(crate) fn placed(
+    pod: &Pod,
+    grace: Duration,
+    unschedulable: &Unschedulable,
+) -> Result<Look<String>, ExposeError> {
+    failed(pod)?;
+    if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+        return Ok(Look::Ready(node));
+    }
+    let rejected = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False"))
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default()
+            )
+        });
+    match rejected {
+        Some(reason) => {
+            let since = *unschedulable
+                .since
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_or_insert_with(Instant::now);
+            if since.elapsed() >= grace {
+                return Err(ExposeError::Unusable(format!(
+                    "pod {} cannot be scheduled ({reason}) for {:?}",
+                    pod.name_any(),
+                    since.elapsed()
+                )));
+            }
+            Ok(Look::NotYet(format!("pod {} not scheduled: {reason}", pod.name_any())))
+        }
+        None => {
+            *unschedulable.since.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            Ok(Look::NotYet(format!("pod {} not scheduled yet", pod.name_any())))
+        }
+    }
+}
+
+/// An error when the pod has failed or succeeded (it should hold the volume forever).
+pub(crate) fn failed(pod: &Pod) -> Result<(), ExposeError> {
+    let status = pod.status.as_ref();
+    match status.and_then(|s| s.phase.as_deref()) {
+        Some(phase @ ("Failed" | "Succeeded")) => Err(ExposeError::Unusable(format!(
+            "pod {} holding the volume is {phase}: {} {}",
+            pod.name_any(),
+            status.and_then(|s| s.reason.clone()).unwrap_or_default(),
+            status.and_then(|s| s.message.clone()).unwrap_or_default()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Whether the pod runs (its volumes are set up by the kubelet).
+pub(crate) fn running(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}

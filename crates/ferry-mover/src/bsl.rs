@@ -1,0 +1,149 @@
+//! Reading Velero's BackupStorageLocation as an S3 location.
+
+use std::collections::BTreeMap;
+
+use ferry_api::BackupStorageLocation;
+use ferry_store::StaticCredentials;
+use kube::ResourceExt;
+
+use crate::MoverError;
+
+/// Where and how a BSL's objects are stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BslLocation {
+    /// The bucket.
+    pub bucket: String,
+    /// The BSL's prefix inside the bucket (may be empty).
+    pub prefix: String,
+    /// `config.region`.
+    pub region: Option<String>,
+    /// `config.s3Url`: a custom endpoint.
+    pub endpoint: Option<String>,
+    /// `config.s3ForcePathStyle`.
+    pub force_path_style: bool,
+    /// `config.profile`: the credentials file section.
+    pub profile: String,
+    /// The secret and key holding the credentials file: the BSL's `credential`, else
+    /// Velero's default `cloud-credentials`/`cloud`.
+    pub credential: (String, String),
+}
+
+/// Velero's default credentials secret and key.
+const DEFAULT_CREDENTIAL: (&str, &str) = ("cloud-credentials", "cloud");
+
+/// Reads an S3 location out of a BSL.
+///
+/// # Errors
+/// [`MoverError::Location`] for providers other than AWS S3 (and S3-compatible servers) or a
+/// BSL without a bucket.
+pub fn location_of(bsl: &BackupStorageLocation) -> Result<BslLocation, MoverError> {
+    let name = bsl.name_any();
+    let fail = |reason: String| Err(MoverError::Location { name: name.clone(), reason });
+    let provider = bsl.spec.provider.as_str();
+    if !matches!(provider, "aws" | "velero.io/aws") {
+        return fail(format!(
+            "provider {provider:?} is not supported: Ferry stores data in S3 or an \
+             S3-compatible server (provider aws)"
+        ));
+    }
+    let storage = &bsl.spec.object_storage;
+    if storage.bucket.is_empty() {
+        return fail("objectStorage.bucket is empty".into());
+    }
+    let config = bsl.spec.config.clone().unwrap_or_default();
+    let get = |key: &str| config.get(key).filter(|v| !v.is_empty()).cloned();
+    let credential = bsl.spec.credential.as_ref().map_or_else(
+        || (DEFAULT_CREDENTIAL.0.to_owned(), DEFAULT_CREDENTIAL.1.to_owned()),
+        |c| (c.name.clone().unwrap_or_default(), c.key.clone()),
+    );
+    Ok(BslLocation {
+        bucket: storage.bucket.clone(),
+        prefix: storage.prefix.clone().unwrap_or_default(),
+        region: get("region"),
+        endpoint: get("s3Url"),
+        force_path_style: get("s3ForcePathStyle").is_some_and(|v| v.eq_ignore_ascii_case("true")),
+        profile: get("profile").unwrap_or_else(|| "default".into()),
+        credential,
+    })
+}
+
+/// Reads an AWS shared credentials file (the format of Velero's `cloud-credentials`) and
+/// returns the keys of `profile`.
+///
+/// # Errors
+/// A message naming what is missing.
+pub fn aws_credentials(text: &str, profile: &str) -> Result<StaticCredentials, String> {
+    let mut sections: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(section) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            let section = section.trim();
+            current = section.strip_prefix("profile ").unwrap_or(section).trim().to_owned();
+            continue;
+        }
+        if let Some((k, v)) = line.split_once('=') {
+            sections.entry(current.clone()).or_default().insert(k.trim().into(), v.trim().into());
+        }
+    }
+    let Some(keys) = sections.get(profile) else {
+        return Err(format!("no [{profile}] section"));
+    };
+    let need = |k: &str| keys.get(k).cloned().ok_or_else(|| format!("[{profile}] has no {k}"));
+    Ok(StaticCredentials {
+        access_key_id: need("aws_access_key_id")?,
+        secret_access_key: need("aws_secret_access_key")?,
+        session_token: keys.get("aws_session_token").cloned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_file_sections() {
+        let text = "[default]\naws_access_key_id = A\naws_secret_access_key=S\n\n\
+                    [profile other]\naws_access_key_id=B\naws_secret_access_key=T\n\
+                    aws_session_token = X\n";
+        let d = aws_credentials(text, "default").expect("default");
+        assert_eq!((d.access_key_id.as_str(), d.secret_access_key.as_str()), ("A", "S"));
+        let o = aws_credentials(text, "other").expect("other");
+        assert_eq!(o.session_token.as_deref(), Some("X"));
+        assert!(aws_credentials(text, "nope").expect_err("missing").contains("[nope]"));
+        let e = aws_credentials("[default]\naws_access_key_id=A\n", "default").expect_err("key");
+        assert!(e.contains("aws_secret_access_key"), "{e}");
+    }
+
+    fn bsl(provider: &str, config: &[(&str, &str)]) -> BackupStorageLocation {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "velero.io/v1", "kind": "BackupStorageLocation",
+            "metadata": { "name": "default", "namespace": "velero" },
+            "spec": {
+                "provider": provider,
+                "objectStorage": { "bucket": "b", "prefix": "p" },
+                "config": config.iter().cloned().collect::<BTreeMap<_, _>>(),
+            },
+        }))
+        .expect("bsl")
+    }
+
+    #[test]
+    fn s3_locations_are_read_and_others_refused() {
+        let l = location_of(&bsl(
+            "aws",
+            &[("region", "r"), ("s3Url", "http://127.0.0.1:9"), ("s3ForcePathStyle", "true")],
+        ))
+        .expect("aws");
+        assert_eq!(l.bucket, "b");
+        assert_eq!(l.prefix, "p");
+        assert_eq!(l.endpoint.as_deref(), Some("http://127.0.0.1:9"));
+        assert!(l.force_path_style);
+        assert_eq!(l.credential, ("cloud-credentials".into(), "cloud".into()));
+        let err = location_of(&bsl("gcp", &[])).expect_err("gcp").to_string();
+        assert!(err.contains("\"gcp\"") && err.contains("default"), "{err}");
+    }
+}

@@ -1,0 +1,171 @@
+//! The DataMover: volumes into the repository and back.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use ferry_agent::{
+    BackupOutcome, DataMover, ExposedVolume, ProgressSink, RestoreOutcome, VolumeMode, WorkError,
+};
+use ferry_api::keys::{BACKUP_NAME_LABEL, WRITE_SPARSE_FILES};
+use ferry_api::{DataDownload, DataUpload};
+use ferry_repo::{
+    BackupOptions, Progress, ProgressFn, RepoError, Repository, RestoreOptions, SnapshotId,
+    backup_tree, restore,
+};
+use kube::ResourceExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::{MoverError, RepositorySource};
+
+/// The tag holding the DataUpload's name on each snapshot.
+pub const DATA_UPLOAD_TAG: &str = "ferry.io/data-upload";
+
+/// Moves data between exposed volumes and repositories from a [`RepositorySource`].
+#[derive(Clone)]
+pub struct RepoMover {
+    repos: Arc<dyn RepositorySource>,
+}
+
+impl std::fmt::Debug for RepoMover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RepoMover").finish_non_exhaustive()
+    }
+}
+
+impl RepoMover {
+    /// A mover using `repos`.
+    #[must_use]
+    pub fn new(repos: Arc<dyn RepositorySource>) -> Self {
+        Self { repos }
+    }
+}
+
+/// Repository errors as the agent sees them: cancellation is not a failure.
+fn work_error(step: &'static str, location: &str, e: RepoError) -> WorkError {
+    match e {
+        RepoError::Cancelled => WorkError::Canceled,
+        source => WorkError::from_error(MoverError::Repo {
+            step,
+            location: location.to_owned(),
+            source: Box::new(source),
+        }),
+    }
+}
+
+fn reporter(sink: ProgressSink) -> ProgressFn {
+    Arc::new(move |p: &Progress| {
+        sink.set_total(p.bytes_total_estimate);
+        sink.set_done(p.bytes_done);
+    })
+}
+
+/// The identity of a volume across backups: its namespace and PVC.
+fn source_of(du: &DataUpload) -> String {
+    format!("{}/{}", du.spec.source_namespace, du.spec.source_pvc)
+}
+
+/// The newest snapshot of the same source: the parent of an incremental backup.
+async fn parent_of(
+    repo: &Repository,
+    source: &str,
+    cancel: &CancellationToken,
+) -> Result<Option<SnapshotId>, RepoError> {
+    let snapshots = repo.snapshots(cancel).await?;
+    Ok(snapshots
+        .into_iter()
+        .filter(|(_, s)| s.source == source)
+        .max_by_key(|(_, s)| s.time)
+        .map(|(id, _)| id))
+}
+
+#[async_trait]
+impl DataMover for RepoMover {
+    async fn backup(
+        &self,
+        du: &DataUpload,
+        volume: &ExposedVolume,
+        progress: ProgressSink,
+        cancel: CancellationToken,
+    ) -> Result<BackupOutcome, WorkError> {
+        if volume.mode == VolumeMode::Block {
+            return Err(WorkError::from_error(MoverError::Volume(format!(
+                "DataUpload {}: block-mode volumes are not supported by this build of Ferry",
+                du.name_any()
+            ))));
+        }
+        let (repo, location) = self
+            .repos
+            .open(&du.spec.backup_storage_location, &du.spec.source_namespace, &cancel)
+            .await
+            .map_err(WorkError::from_error)?;
+        let source = source_of(du);
+        let parent = parent_of(&repo, &source, &cancel)
+            .await
+            .map_err(|e| work_error("finding the previous backup", &location, e))?;
+        let mut tags = vec![(DATA_UPLOAD_TAG.to_owned(), du.name_any())];
+        if let Some(backup) = du.labels().get(BACKUP_NAME_LABEL) {
+            tags.push((BACKUP_NAME_LABEL.to_owned(), backup.clone()));
+        }
+        let options = BackupOptions {
+            parent,
+            tags,
+            source,
+            hostname: Some(volume.node.clone()),
+            ..BackupOptions::default()
+        };
+        let summary =
+            backup_tree(&repo, &volume.path, &options, Some(reporter(progress.clone())), &cancel)
+                .await
+                .map_err(|e| work_error("backing up the volume", &location, e))?;
+        progress.set_total(summary.bytes_total);
+        progress.set_done(summary.bytes_total);
+        Ok(BackupOutcome {
+            snapshot_id: summary.snapshot_id.to_string(),
+            total_bytes: summary.bytes_total,
+            incremental_bytes: summary.bytes_new,
+            data_mover_result: BTreeMap::new(),
+        })
+    }
+
+    async fn restore(
+        &self,
+        dd: &DataDownload,
+        volume: &ExposedVolume,
+        progress: ProgressSink,
+        cancel: CancellationToken,
+    ) -> Result<RestoreOutcome, WorkError> {
+        if volume.mode == VolumeMode::Block {
+            return Err(WorkError::from_error(MoverError::Volume(format!(
+                "DataDownload {}: block-mode volumes are not supported by this build of Ferry",
+                dd.name_any()
+            ))));
+        }
+        let (repo, location) = self
+            .repos
+            .open(&dd.spec.backup_storage_location, &dd.spec.source_namespace, &cancel)
+            .await
+            .map_err(WorkError::from_error)?;
+        let id = repo
+            .find_snapshot(&dd.spec.snapshot_id, &cancel)
+            .await
+            .map_err(|e| work_error("finding the snapshot", &location, e))?;
+        if let Ok(total) = u64::try_from(dd.spec.snapshot_size) {
+            progress.set_total(total);
+        }
+        let sparse = dd
+            .spec
+            .data_mover_config
+            .as_ref()
+            .and_then(|c| c.get(WRITE_SPARSE_FILES))
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let options = RestoreOptions { sparse, ..RestoreOptions::default() };
+        let summary =
+            restore(&repo, &id, &volume.path, &options, Some(reporter(progress.clone())), &cancel)
+                .await
+                .map_err(|e| work_error("restoring the volume", &location, e))?;
+        progress.set_total(summary.bytes);
+        progress.set_done(summary.bytes);
+        Ok(RestoreOutcome { total_bytes: summary.bytes })
+    }
+}
