@@ -80,6 +80,25 @@ impl S3Server {
         &self.endpoint
     }
 
+    /// Creates bucket `name` with a path-style `PUT /<name>` (moto needs no signature).
+    ///
+    /// # Errors
+    /// The server cannot be reached or refuses.
+    pub fn create_bucket(&self, name: &str) -> anyhow::Result<()> {
+        use std::io::{Read, Write};
+        let addr = self.endpoint().trim_start_matches("http://");
+        let mut stream = std::net::TcpStream::connect(addr)
+            .with_context(|| format!("connecting to moto at {addr}"))?;
+        write!(
+            stream,
+            "PUT /{name} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        anyhow::ensure!(response.starts_with("HTTP/1.1 200"), "creating bucket {name}: {response}");
+        Ok(())
+    }
+
     /// The server's PID.
     #[must_use]
     pub fn pid(&self) -> u32 {

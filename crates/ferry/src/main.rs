@@ -18,6 +18,9 @@ use crate::cli::{Cli, Command, RepoCommand};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    // aws-sdk-s3 links rustls' aws-lc provider and kube links ring; with both present rustls
+    // cannot pick one, so choose ring for the whole process.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(&anyhow::anyhow!(e).context("starting the async runtime")),

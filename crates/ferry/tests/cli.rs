@@ -32,21 +32,6 @@ fn ok(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).expect("utf-8 stdout")
 }
 
-/// Creates a bucket with a path-style `PUT /bucket` (moto accepts it without signing).
-fn create_bucket(endpoint: &str, bucket: &str) {
-    use std::io::{Read, Write};
-    let addr = endpoint.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to moto");
-    write!(
-        stream,
-        "PUT /{bucket} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    assert!(response.starts_with("HTTP/1.1 200"), "bucket creation failed: {response}");
-}
-
 fn make_tree(root: &Path) {
     std::fs::create_dir_all(root.join("sub/deeper")).expect("mkdir");
     std::fs::write(root.join("a.txt"), b"hello ferry\n").expect("write");
@@ -68,7 +53,7 @@ fn assert_same_tree(a: &Path, b: &Path) {
 #[test]
 fn backup_restore_snapshots_check_on_s3() {
     let s3 = S3Server::shared();
-    create_bucket(s3.endpoint(), "cli-s3");
+    s3.create_bucket("cli-s3").expect("bucket");
     let dir = tempfile::tempdir().expect("tempdir");
     let src = dir.path().join("src");
     make_tree(&src);

@@ -1,0 +1,303 @@
+//! One test's world: the shared control plane, a node simulator with three nodes, a moto
+//! bucket behind a BackupStorageLocation, and `ferry agent` processes, one per node, each
+//! handling a data mover name of its own so tests sharing the API server never see each
+//! other's CRs.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use ferry_api::{DataDownload, DataUpload, VolumeSnapshot};
+use ferry_sim::{Binding, NodeSim, SimConfig, VolumeMode};
+use ferry_testbed::process::{self, Guarded};
+use ferry_testbed::{ControlPlane, S3Server, VELERO_NAMESPACE};
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+pub type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// The bound on every wait in these tests: generous, since the machine may be loaded.
+pub const WAIT: Duration = Duration::from_secs(180);
+
+pub struct World {
+    pub client: Client,
+    pub ns: String,
+    pub sim: Option<NodeSim>,
+    pub mover: String,
+    pub bsl: String,
+    pub agents: BTreeMap<String, Guarded>,
+    pub logs: tempfile::TempDir,
+}
+
+fn suffix() -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
+        ^ std::process::id().rotate_left(16);
+    format!("{n:08x}")
+}
+
+impl World {
+    /// Starts everything with one agent per simulated node.
+    pub async fn start(prefix: &str) -> Result<Self, Box<dyn std::error::Error>> {
+        ferry_testbed::install_crypto_provider();
+        let cp = ControlPlane::shared();
+        let client = cp.client()?;
+        let ns = cp.unique_namespace(prefix).await?;
+        let sim = NodeSim::start(
+            client.clone(),
+            SimConfig { namespaces: vec![ns.clone()], ..SimConfig::default() },
+        )
+        .await?;
+        let id = suffix();
+        let mover = format!("ferry-{id}");
+        let bsl = format!("bsl-{id}");
+        let bucket = format!("e2e-{id}");
+        let s3 = S3Server::shared();
+        s3.create_bucket(&bucket)?;
+        create_bsl(&client, &bsl, &bucket, s3.endpoint()).await?;
+        let mut world = Self {
+            client,
+            ns,
+            sim: Some(sim),
+            mover,
+            bsl,
+            agents: BTreeMap::new(),
+            logs: tempfile::tempdir()?,
+        };
+        for node in world.sim().nodes() {
+            world.start_agent(&node)?;
+        }
+        Ok(world)
+    }
+
+    pub fn sim(&self) -> &NodeSim {
+        self.sim.as_ref().expect("simulator running")
+    }
+
+    /// Starts (or restarts) the agent of `node`.
+    pub fn start_agent(&mut self, node: &str) -> Result<(), Box<dyn std::error::Error>> {
+        let root = self.sim().kubelet_root(node)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.logs.path().join(format!("{node}.log")))?;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
+        cmd.args(["agent", "--node-name", node, "--namespace", VELERO_NAMESPACE])
+            .args(["--data-mover", &self.mover, "--pod-image", "ferry:e2e"])
+            .arg("--kubelet-root")
+            .arg(&root)
+            .args(["--progress-interval", "1s", "--lease-duration", "6s"])
+            .args(["--unschedulable-grace", "20s", "--concurrency", "2"])
+            .env("KUBECONFIG", ControlPlane::shared().kubeconfig())
+            .env("FERRY_LOG", "info,kube=warn,tower=warn,hyper=warn,aws=warn")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let agent = process::spawn(&format!("ferry agent {node}"), cmd)?;
+        self.agents.insert(node.to_owned(), agent);
+        Ok(())
+    }
+
+    /// Every agent's log, for failure messages.
+    pub fn agent_logs(&self) -> String {
+        let mut out = String::new();
+        for node in self.agents.keys() {
+            let text = std::fs::read_to_string(self.logs.path().join(format!("{node}.log")))
+                .unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            out.push_str(&format!("--- agent {node} (last 40 lines)\n"));
+            for line in tail.into_iter().rev() {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// A PVC of `size` in the test namespace holding `tree`, and a ready VolumeSnapshot of it.
+    pub async fn volume_with_snapshot(
+        &self,
+        pvc: &str,
+        size: &str,
+        tree: &ferry_sim::FsTree,
+    ) -> Result<VolumeSnapshot, Box<dyn std::error::Error>> {
+        let sim = self.sim();
+        sim.create_pvc(&self.ns, pvc, size, VolumeMode::Filesystem, Binding::Immediate).await?;
+        sim.write_files(&self.ns, pvc, tree).await?;
+        let vs_name = format!("{pvc}-snap");
+        sim.snapshot_pvc(&self.ns, pvc, &vs_name).await?;
+        Ok(sim.wait_snapshot_ready(&self.ns, &vs_name, WAIT).await?)
+    }
+
+    /// A DataUpload exactly as Velero's CSI plugin creates it for backup `backup`.
+    pub async fn create_data_upload(
+        &self,
+        backup: &str,
+        pvc: &str,
+        snapshot: &str,
+    ) -> Result<DataUpload, Box<dyn std::error::Error>> {
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &self.ns);
+        let source = pvcs.get(pvc).await?;
+        let pvc_uid = source.uid().unwrap_or_default();
+        let backup_uid = format!("{}-0000-4000-8000-000000000001", suffix());
+        let du: DataUpload = serde_json::from_value(json!({
+            "apiVersion": "velero.io/v2alpha1",
+            "kind": "DataUpload",
+            "metadata": {
+                "generateName": format!("{backup}-"),
+                "namespace": VELERO_NAMESPACE,
+                "labels": {
+                    "velero.io/backup-name": backup,
+                    "velero.io/backup-uid": backup_uid,
+                    "velero.io/pvc-uid": pvc_uid,
+                    "velero.io/async-operation-id":
+                        ferry_api::naming::valid_label_value(&format!("du-{backup_uid}.{pvc_uid}")),
+                },
+            },
+            "spec": {
+                "snapshotType": "CSI",
+                "csiSnapshot": {
+                    "volumeSnapshot": snapshot,
+                    "storageClass": self.sim().storage_class(Binding::Immediate),
+                    "snapshotClass": self.sim().snapshot_class(),
+                    "driver": self.sim().driver(),
+                },
+                "sourcePVC": pvc,
+                "datamover": self.mover,
+                "backupStorageLocation": self.bsl,
+                "sourceNamespace": self.ns,
+                "operationTimeout": "10m0s",
+            },
+        }))?;
+        let api: Api<DataUpload> = Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
+        Ok(api.create(&PostParams::default(), &du).await?)
+    }
+
+    /// A target PVC as Velero's restore leaves it (no volumeName, the dynamic-pv-restore
+    /// selector), and a DataDownload for it exactly as Velero's CSI plugin creates it.
+    pub async fn create_data_download(
+        &self,
+        restore: &str,
+        target_ns: &str,
+        target: &str,
+        size: &str,
+        from: &DataUpload,
+    ) -> Result<DataDownload, Box<dyn std::error::Error>> {
+        let selector = format!("{target_ns}.{target}.{}", &suffix()[..6]);
+        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": { "name": target, "namespace": target_ns },
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": self.sim().storage_class(Binding::Immediate),
+                "volumeMode": "Filesystem",
+                "resources": { "requests": { "storage": size } },
+                "selector": { "matchLabels": {
+                    "velero.io/dynamic-pv-restore": ferry_api::naming::valid_label_value(&selector),
+                } },
+            },
+        }))?;
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), target_ns);
+        let pvc = pvcs.create(&PostParams::default(), &pvc).await?;
+        let status = from.status.clone().unwrap_or_default();
+        let restore_uid = format!("{}-0000-4000-8000-000000000002", suffix());
+        let pvc_uid = pvc.uid().unwrap_or_default();
+        let dd: DataDownload = serde_json::from_value(json!({
+            "apiVersion": "velero.io/v2alpha1",
+            "kind": "DataDownload",
+            "metadata": {
+                "generateName": format!("{restore}-"),
+                "namespace": VELERO_NAMESPACE,
+                "labels": {
+                    "velero.io/restore-name": restore,
+                    "velero.io/restore-uid": restore_uid,
+                    "velero.io/async-operation-id":
+                        ferry_api::naming::valid_label_value(&format!("dd-{restore_uid}.{pvc_uid}")),
+                },
+            },
+            "spec": {
+                "targetVolume": { "pvc": target, "pv": "", "namespace": target_ns },
+                "backupStorageLocation": self.bsl,
+                "datamover": self.mover,
+                "snapshotID": status.snapshot_id,
+                "sourceNamespace": from.spec.source_namespace,
+                "operationTimeout": "10m0s",
+                "nodeOS": "linux",
+                "snapshotSize": status.progress.total_bytes,
+            },
+        }))?;
+        let api: Api<DataDownload> = Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
+        Ok(api.create(&PostParams::default(), &dd).await?)
+    }
+
+    /// Polls CR `name` until `done` says so; fails with the agents' logs after [`WAIT`].
+    pub async fn wait_for<K, F>(&self, name: &str, what: &str, done: F) -> Result<K, String>
+    where
+        K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned,
+        F: Fn(&K) -> bool,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
+        let start = Instant::now();
+        let mut last = None;
+        while start.elapsed() < WAIT {
+            if let Ok(obj) = api.get(name).await {
+                if done(&obj) {
+                    return Ok(obj);
+                }
+                last = Some(obj);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Err(format!("{name} never became {what}; last seen: {last:#?}\n{}", self.agent_logs()))
+    }
+
+    /// Stops the agents and the simulator (removing every mount and loop device).
+    pub async fn shutdown(mut self) -> TestResult {
+        for agent in self.agents.values_mut() {
+            agent.stop();
+        }
+        if let Some(sim) = self.sim.take() {
+            sim.shutdown().await?;
+        }
+        Ok(())
+    }
+}
+
+async fn create_bsl(
+    client: &Client,
+    name: &str,
+    bucket: &str,
+    endpoint: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let secret_name = format!("{name}-credentials");
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": secret_name, "namespace": VELERO_NAMESPACE },
+        "stringData": {
+            "cloud": "[default]\naws_access_key_id = ferry-e2e\naws_secret_access_key = ferry-e2e-secret\n",
+        },
+    }))?;
+    secrets.create(&PostParams::default(), &secret).await?;
+    let bsls: Api<ferry_api::BackupStorageLocation> =
+        Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let bsl: ferry_api::BackupStorageLocation = serde_json::from_value(json!({
+        "apiVersion": "velero.io/v1", "kind": "BackupStorageLocation",
+        "metadata": { "name": name, "namespace": VELERO_NAMESPACE },
+        "spec": {
+            "provider": "aws",
+            "objectStorage": { "bucket": bucket, "prefix": "velero" },
+            "config": { "region": "us-east-1", "s3Url": endpoint, "s3ForcePathStyle": "true" },
+            "credential": { "name": secret_name, "key": "cloud" },
+        },
+    }))?;
+    bsls.create(&PostParams::default(), &bsl).await?;
+    Ok(())
+}

@@ -1,0 +1,6 @@
+//! End to end: `ferry agent` processes on three simulated nodes against a real API server,
+//! real loop-device volumes and a real S3 server, driven by DataUploads and DataDownloads
+//! created exactly as Velero creates them.
+
+mod backup_restore;
+mod harness;
