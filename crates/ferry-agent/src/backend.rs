@@ -27,6 +27,9 @@ pub struct ExposeParams {
     /// Fires when the CR is canceled or the agent stops; the exposer returns
     /// [`WorkError::Canceled`] promptly.
     pub cancel: CancellationToken,
+    /// Nodes whose agents stopped while they held this CR: a volume exposed there earlier
+    /// must be moved off them, and new placements must avoid them.
+    pub avoid_nodes: Vec<String>,
 }
 
 /// Where an exposed volume ended up.

@@ -175,6 +175,15 @@ async fn take_over<C: MoverCr>(
         annotations.remove(annotations::EXPOSED_NODE);
         annotations.remove(annotations::PREPARED_AT);
         annotations.insert(annotations::TAKEOVERS.to_owned(), takeovers.to_string());
+        if !from.is_empty() {
+            let lost = annotations.entry(annotations::LOST_NODES.to_owned()).or_default();
+            if !lost.split(',').any(|n| n == from) {
+                if !lost.is_empty() {
+                    lost.push(',');
+                }
+                lost.push_str(from);
+            }
+        }
     }
     let (phase, message, reason) = if takeovers > ctx.config.max_takeovers {
         let message = format!(

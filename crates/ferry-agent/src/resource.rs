@@ -28,6 +28,9 @@ pub mod annotations {
     pub const PREPARED_AT: &str = "ferry.io/prepared-at";
     /// How many times the CR was taken over from a node that stopped.
     pub const TAKEOVERS: &str = "ferry.io/takeovers";
+    /// The nodes (comma-separated) the CR was taken over from: the exposer keeps its volume
+    /// off them.
+    pub const LOST_NODES: &str = "ferry.io/lost-nodes";
 }
 
 /// The phases of both CRs, as one type.

@@ -234,9 +234,10 @@ impl Exposer<DataUpload> for CsiBackupExposer {
                 node: None,
                 labels: &labels,
                 owner: &owner,
+                avoid: &params.avoid_nodes,
             },
         )?;
-        create_or_get(&self.pods(), &holder, "creating the backup pod").await?;
+        pod::ensure_holder(&self.pods(), &holder, &params.avoid_nodes, timeout, cancel).await?;
         let node =
             pod::wait_placed(&self.pods(), &name, timeout, self.config.unschedulable_grace, cancel)
                 .await?;

@@ -146,6 +146,8 @@ pub(crate) struct HolderSpec<'a> {
     pub node: Option<&'a str>,
     pub labels: &'a BTreeMap<String, String>,
     pub owner: &'a OwnerReference,
+    /// Nodes the pod must not be placed on (their agents stopped).
+    pub avoid: &'a [String],
 }
 
 /// A pod that only holds the volume so the kubelet attaches and mounts it on its node.
@@ -178,6 +180,15 @@ pub(crate) fn holder_pod(config: &ExposerConfig, h: &HolderSpec<'_>) -> Result<P
     });
     if let Some(node) = h.node {
         spec["nodeSelector"] = json!({ "kubernetes.io/hostname": node });
+    }
+    if !h.avoid.is_empty() {
+        spec["affinity"] = json!({ "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": { "nodeSelectorTerms": [{
+                "matchExpressions": [{
+                    "key": "kubernetes.io/hostname", "operator": "NotIn", "values": h.avoid,
+                }],
+            }] },
+        } });
     }
     if let Some(class) = &config.priority_class_name {
         spec["priorityClassName"] = json!(class);

@@ -5,11 +5,11 @@ use std::time::{Duration, Instant};
 
 use ferry_api::k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, DeleteParams};
 use tokio_util::sync::CancellationToken;
 
 use crate::ExposeError;
-use crate::ops::get_opt;
+use crate::ops::{create_or_get, get_opt};
 use crate::wait::{Look, until};
 
 /// Tracks how long a pod has been reported unschedulable.
@@ -100,4 +100,44 @@ pub(crate) fn failed(pod: &Pod) -> Result<(), ExposeError> {
 /// Whether the pod runs (its volumes are set up by the kubelet).
 pub(crate) fn running(pod: &Pod) -> bool {
     pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+/// Creates the holding pod, or finds it from an earlier attempt; a pod found on a node to
+/// avoid (its agent stopped) is removed at once and made again, kept off those nodes.
+pub(crate) async fn ensure_holder(
+    pods: &Api<Pod>,
+    pod: &Pod,
+    avoid: &[String],
+    timeout: Duration,
+    cancel: &CancellationToken,
+) -> Result<(), ExposeError> {
+    let existing = create_or_get(pods, pod, "creating the holding pod").await?;
+    let node = existing.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    if node.is_empty() || !avoid.contains(&node) {
+        return Ok(());
+    }
+    let name = pod.name_any();
+    tracing::warn!(pod = %name, node = %node, "moving the holding pod off a stopped node");
+    let params = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+    let uid = existing.uid();
+    match pods.delete(&name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => {
+            return Err(ExposeError::Api {
+                step: "deleting the holding pod on a stopped node",
+                source: Box::new(ferry_kube::ApiError::from_kube("Pod", &name, e)),
+            });
+        }
+    }
+    until(&format!("pod {name} on stopped node {node} to be deleted"), timeout, cancel, || async {
+        let now = get_opt(pods, &name, "reading the holding pod").await?;
+        Ok(match now {
+            Some(p) if p.uid() == uid => Look::NotYet("still there".into()),
+            _ => Look::Ready(()),
+        })
+    })
+    .await?;
+    create_or_get(pods, pod, "creating the holding pod again").await?;
+    Ok(())
 }

@@ -195,9 +195,10 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
                 node: node.as_deref(),
                 labels: &labels,
                 owner: &owner,
+                avoid: &params.avoid_nodes,
             },
         )?;
-        create_or_get(&self.pods(), &holder, "creating the restore pod").await?;
+        pod::ensure_holder(&self.pods(), &holder, &params.avoid_nodes, timeout, cancel).await?;
         let placed =
             pod::wait_placed(&self.pods(), &name, timeout, self.config.unschedulable_grace, cancel)
                 .await?;

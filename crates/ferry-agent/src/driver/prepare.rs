@@ -39,6 +39,13 @@ pub(super) async fn expose<C: MoverCr>(
         node: ctx.me().to_owned(),
         operation_timeout: cr.operation_timeout(),
         cancel: work.clone(),
+        avoid_nodes: cr
+            .meta()
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(annotations::LOST_NODES))
+            .map(|v| v.split(',').filter(|n| !n.is_empty()).map(str::to_owned).collect())
+            .unwrap_or_default(),
     };
     let exposer = C::exposer(&ctx.backends);
     let result = tokio::select! {

@@ -11,15 +11,7 @@ use ferry_testbed::VELERO_NAMESPACE;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use crate::harness::{TestResult, World};
-
-fn du_phase(du: &DataUpload) -> Option<DataUploadPhase> {
-    du.status.as_ref().and_then(|s| s.phase)
-}
-
-fn dd_phase(dd: &DataDownload) -> Option<DataDownloadPhase> {
-    dd.status.as_ref().and_then(|s| s.phase)
-}
+use crate::harness::{TestResult, World, dd_phase, du_phase};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_volume_backed_up_by_data_upload_is_restored_by_data_download() -> TestResult {

@@ -102,6 +102,13 @@ impl World {
         Ok(())
     }
 
+    /// Kills the agent of `node` with SIGKILL (no chance to clean up) and reaps it.
+    pub fn kill_agent(&mut self, node: &str) {
+        if let Some(mut agent) = self.agents.remove(node) {
+            agent.stop();
+        }
+    }
+
     /// Every agent's log, for failure messages.
     pub fn agent_logs(&self) -> String {
         let mut out = String::new();
@@ -300,4 +307,46 @@ async fn create_bsl(
     }))?;
     bsls.create(&PostParams::default(), &bsl).await?;
     Ok(())
+}
+
+/// A tree of `files` pseudo-random files of `mib` MiB each (incompressible, unique per seed).
+pub fn big_tree(files: usize, mib: usize, seed: u64) -> ferry_sim::FsTree {
+    let mut tree = ferry_sim::FsTree::default();
+    let mut x = seed | 1;
+    for i in 0..files {
+        let mut data = Vec::with_capacity(mib << 20);
+        while data.len() < mib << 20 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            data.extend_from_slice(&x.to_le_bytes());
+        }
+        tree.entries.insert(
+            format!("blob-{i}").into(),
+            ferry_sim::FsEntry {
+                kind: ferry_sim::FsKind::File(data),
+                mode: 0o644,
+                uid: 0,
+                gid: 0,
+                mtime: 1_700_000_000,
+            },
+        );
+    }
+    tree
+}
+
+pub fn du_phase(du: &DataUpload) -> Option<ferry_api::DataUploadPhase> {
+    du.status.as_ref().and_then(|s| s.phase)
+}
+
+pub fn dd_phase(dd: &DataDownload) -> Option<ferry_api::DataDownloadPhase> {
+    dd.status.as_ref().and_then(|s| s.phase)
+}
+
+pub fn du_terminal(du: &DataUpload) -> bool {
+    du_phase(du).is_some_and(ferry_api::DataUploadPhase::is_terminal)
+}
+
+pub fn dd_terminal(dd: &DataDownload) -> bool {
+    dd_phase(dd).is_some_and(ferry_api::DataDownloadPhase::is_terminal)
 }

@@ -3,4 +3,6 @@
 //! created exactly as Velero creates them.
 
 mod backup_restore;
+mod cancel;
 mod harness;
+mod recovery;
