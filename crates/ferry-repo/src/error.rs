@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use ferry_store::StoreError;
 
-use crate::format::{BlobId, FormatError};
+use crate::format::{BlobId, FormatError, SnapshotKind};
 
 /// Result of a repository operation.
 pub type RepoResult<T> = Result<T, RepoError>;
@@ -91,6 +91,29 @@ pub enum RepoError {
         what: &'static str,
         /// Why.
         reason: String,
+    },
+    /// A snapshot of another kind than the operation needs (a tree onto a device, a volume
+    /// into a directory).
+    #[error("snapshot {snapshot} is a {found} snapshot; this needs a {expected} snapshot")]
+    WrongSnapshotKind {
+        /// The snapshot id.
+        snapshot: String,
+        /// Its kind.
+        found: SnapshotKind,
+        /// The kind needed.
+        expected: SnapshotKind,
+    },
+    /// A volume restore target is smaller than the volume (nothing was written).
+    #[error(
+        "restore target {target} is {target_size} bytes, smaller than the volume's {volume_size} bytes"
+    )]
+    TargetTooSmall {
+        /// The device.
+        target: PathBuf,
+        /// Its size.
+        target_size: u64,
+        /// The volume's size.
+        volume_size: u64,
     },
     /// The operation was cancelled through its token.
     #[error("cancelled")]

@@ -12,6 +12,8 @@
 //!   parent snapshot, sparse-aware, memory bounded.
 //! - [`restore`] with [`RestoreOptions`] → [`RestoreSummary`]: parallel, sparse, full metadata,
 //!   hardened against hostile snapshots.
+//! - [`backup_volume`] / [`restore_volume`]: block devices and volume images as volume
+//!   snapshots (parallel, hole- and zero-skipping, deduplicated across volumes).
 //! - [`check`] with [`CheckOptions`] → [`CheckReport`].
 //! - Long operations take a [`CancellationToken`](tokio_util::sync::CancellationToken) and an
 //!   optional [`ProgressFn`] called at least once a second with a [`Progress`].
@@ -28,8 +30,8 @@
 //!
 //! Code map: `format/` (encodings, keys, chunker, compression), `repo/` (repository, in-memory
 //! index, pack writer and uploader, caches), `backup/` (walker, file workers, tree builder),
-//! `restore/` (planner, workers, no-follow file-system operations), `check.rs`, `sys.rs` (the
-//! one module with `unsafe`: xattr system calls).
+//! `restore/` (planner, workers, no-follow file-system operations), `volume/` (block volumes),
+//! `check.rs`, `sys.rs` (the one module with `unsafe`: xattr system calls).
 
 mod backup;
 mod check;
@@ -39,11 +41,16 @@ mod progress;
 mod repo;
 mod restore;
 mod sys;
+mod volume;
 
 pub use backup::{BackupOptions, BackupSummary, backup_tree};
 pub use check::{CheckOptions, CheckReport, check};
 pub use error::{RepoError, RepoResult};
-pub use format::{BlobId, KdfParams, KeyId, Snapshot, SnapshotId, Summary};
+pub use format::{BlobId, KdfParams, KeyId, Snapshot, SnapshotId, SnapshotKind, Summary};
 pub use progress::{Progress, ProgressFn};
 pub use repo::{BlobLocation, InitOptions, InitOutcome, Repository};
 pub use restore::{MAX_DEPTH, RestoreOptions, RestoreSummary, restore};
+pub use volume::{
+    DEFAULT_VOLUME_CHUNK, MAX_VOLUME_CHUNK, VolumeBackupOptions, VolumeBackupSummary, VolumeMap,
+    VolumeRestoreOptions, VolumeRestoreSummary, backup_volume, restore_volume,
+};

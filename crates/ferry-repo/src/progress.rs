@@ -17,6 +17,12 @@ pub struct Progress {
     pub files_total_estimate: u64,
     /// Content bytes that were new to the repository.
     pub bytes_new: u64,
+    /// Volume backup: bytes actually read from the device (the rest of `bytes_done` was
+    /// skipped as unallocated). Zero for file trees.
+    pub bytes_read: u64,
+    /// Volume backup and restore: bytes skipped as unallocated or all-zero (not stored, or
+    /// not written). Zero for file trees.
+    pub bytes_skipped: u64,
     /// Entries that could not be read (recorded in the snapshot with their error).
     pub errors: u64,
     /// Whether this is the final report.
@@ -33,6 +39,8 @@ pub(crate) struct Counters {
     pub(crate) files_done: AtomicU64,
     pub(crate) files_total: AtomicU64,
     pub(crate) bytes_new: AtomicU64,
+    pub(crate) bytes_read: AtomicU64,
+    pub(crate) bytes_skipped: AtomicU64,
     pub(crate) tree_bytes_new: AtomicU64,
     pub(crate) errors: AtomicU64,
 }
@@ -46,6 +54,8 @@ impl Counters {
             files_done: r(&self.files_done),
             files_total_estimate: r(&self.files_total),
             bytes_new: r(&self.bytes_new),
+            bytes_read: r(&self.bytes_read),
+            bytes_skipped: r(&self.bytes_skipped),
             errors: r(&self.errors),
             finished,
         }

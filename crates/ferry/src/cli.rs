@@ -22,9 +22,11 @@ pub enum Command {
         #[command(subcommand)]
         command: RepoCommand,
     },
-    /// Back up a directory into a repository; prints the snapshot ID last.
+    /// Back up a directory, or a block device or volume image as a volume snapshot; prints the
+    /// snapshot ID last.
     Backup(BackupArgs),
-    /// Restore a snapshot into a directory.
+    /// Restore a tree snapshot into a directory, or a volume snapshot onto a block device or
+    /// image file.
     Restore(RestoreArgs),
     /// List snapshots.
     Snapshots {
@@ -87,7 +89,10 @@ pub struct BackupArgs {
     /// Print a JSON summary instead of the snapshot ID.
     #[arg(long)]
     pub json: bool,
-    /// The directory to back up.
+    /// Back up PATH, a regular file, as a volume image (block devices always are volumes).
+    #[arg(long)]
+    pub volume: bool,
+    /// The directory, block device or (with `--volume`) image file to back up.
     pub path: PathBuf,
 }
 
@@ -98,9 +103,14 @@ pub struct RestoreArgs {
     /// Write files sparsely (holes for all-zero ranges).
     #[arg(long)]
     pub sparse: bool,
+    /// Volume snapshots: the target device already reads as zeros, so zero ranges are not
+    /// written (only when certain, e.g. a freshly provisioned thin volume).
+    #[arg(long)]
+    pub target_zeroed: bool,
     /// The snapshot ID (or a unique prefix of it).
     pub snapshot: String,
-    /// The directory to restore into (created if missing).
+    /// The directory to restore a tree into (created if missing), or the block device or
+    /// image file (created if missing) to restore a volume onto.
     pub target: PathBuf,
 }
 

@@ -7,6 +7,7 @@ mod cli;
 mod password;
 mod progress;
 mod repo_cmds;
+mod volume_cmds;
 
 use std::process::ExitCode;
 

@@ -25,7 +25,10 @@ async fn open_store(args: &RepoArgs) -> anyhow::Result<Arc<dyn ObjectStore>> {
     Ok(Arc::new(store))
 }
 
-pub async fn open_repo(args: &RepoArgs, cancel: &CancellationToken) -> anyhow::Result<Repository> {
+pub(crate) async fn open_repo(
+    args: &RepoArgs,
+    cancel: &CancellationToken,
+) -> anyhow::Result<Repository> {
     let password = password::read(args.password_file.as_deref())?;
     let store = open_store(args).await?;
     Repository::open(store, &password, cancel)
@@ -55,6 +58,7 @@ pub async fn init(args: &RepoArgs, cancel: &CancellationToken) -> anyhow::Result
 #[derive(Serialize)]
 struct BackupJson {
     snapshot_id: String,
+    kind: &'static str,
     bytes_total: u64,
     bytes_new: u64,
     bytes_stored: u64,
@@ -65,6 +69,9 @@ struct BackupJson {
 }
 
 pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
+    if crate::volume_cmds::is_volume_source(&args.path, args.volume)? {
+        return crate::volume_cmds::backup(args, cancel).await;
+    }
     let repo = open_repo(&args.repo, cancel).await?;
     let parent = match &args.parent {
         Some(query) => Some(
@@ -99,6 +106,7 @@ pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Re
     if args.json {
         let json = BackupJson {
             snapshot_id: summary.snapshot_id.to_string(),
+            kind: "tree",
             bytes_total: summary.bytes_total,
             bytes_new: summary.bytes_new,
             bytes_stored: summary.bytes_stored,
@@ -128,6 +136,9 @@ pub async fn restore(args: &RestoreArgs, cancel: &CancellationToken) -> anyhow::
         .find_snapshot(&args.snapshot, cancel)
         .await
         .with_context(|| format!("finding snapshot {}", args.snapshot))?;
+    if crate::volume_cmds::restore_if_volume(&repo, &id, args, cancel).await? {
+        return Ok(());
+    }
     let options = RestoreOptions { sparse: args.sparse, ..RestoreOptions::default() };
     let (report, bar) = progress::reporter("restore");
     let summary = ferry_repo::restore(&repo, &id, &args.target, &options, Some(report), cancel)
@@ -154,6 +165,7 @@ pub async fn restore(args: &RestoreArgs, cancel: &CancellationToken) -> anyhow::
 #[derive(Serialize)]
 struct SnapshotJson {
     id: String,
+    kind: &'static str,
     time: String,
     hostname: String,
     source: String,
@@ -176,6 +188,7 @@ pub async fn snapshots(
         .iter()
         .map(|(id, s)| SnapshotJson {
             id: id.to_string(),
+            kind: s.kind().map_or("unknown", |k| k.as_str()),
             time: jiff::Timestamp::new(s.time.sec, i32::try_from(s.time.nsec).unwrap_or(0))
                 .map(|t| t.to_string())
                 .unwrap_or_default(),
@@ -192,11 +205,15 @@ pub async fn snapshots(
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    println!("{:<16} {:<25} {:>10} {:>10} {:>8}  source", "id", "time", "size", "new", "files");
+    println!(
+        "{:<16} {:<6} {:<25} {:>10} {:>10} {:>8}  source",
+        "id", "kind", "time", "size", "new", "files"
+    );
     for row in rows {
         println!(
-            "{:<16} {:<25} {:>10} {:>10} {:>8}  {}",
+            "{:<16} {:<6} {:<25} {:>10} {:>10} {:>8}  {}",
             &row.id[..16.min(row.id.len())],
+            row.kind,
             row.time,
             progress::human(row.bytes),
             progress::human(row.bytes_new),

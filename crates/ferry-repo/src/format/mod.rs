@@ -28,7 +28,7 @@ pub use pack::{
     PackBuilder, PackEntry, PackHeader, SealedPack, header_length, open_blob, read_pack_header,
     seal_blob,
 };
-pub use snapshot::{Snapshot, Summary};
+pub use snapshot::{Snapshot, SnapshotKind, Summary};
 pub use tree::{
     ChunkRef, Extent, FileContent, Metadata, Node, NodeBody, Timestamp, TreePage, Xattr,
     validate_name,

@@ -105,7 +105,7 @@ impl FileContent {
         out
     }
 
-    fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         let mut data = 0u64;
         let mut next = 0u64;
         for e in self.data_extents() {

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Ferry volume snapshots on a real loop device: a 2 GiB ext4 volume half full of real files
+# (the Linux 6.1 source tree used by run.sh), first backup, an incremental after 1 % of the
+# files changed, and a restore onto a new image file. Reports wall time and GB/s of device size.
+#
+# Usage: benches/compare/volume.sh [--data DIR] [--work DIR] [--ferry BIN]
+# Needs root (losetup, mount), mkfs.ext4, and a release build of ferry
+# (cargo build --release -p ferry). Every loop device and mount is released on exit.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+DATA="${XDG_CACHE_HOME:-$HOME/.cache}/ferry/data/linux-source-6.1"
+WORK_PARENT="${TMPDIR:-/tmp}"
+FERRY="${CARGO_TARGET_DIR:-$ROOT/target}/release/ferry"
+SIZE=$((2 << 30))
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --data) DATA="$2"; shift 2 ;;
+    --work) WORK_PARENT="$2"; shift 2 ;;
+    --ferry) FERRY="$2"; shift 2 ;;
+    *) echo "volume.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[[ -d "$DATA" ]] || { echo "volume.sh: no data at $DATA (run run.sh once, or pass --data)" >&2; exit 1; }
+[[ -x "$FERRY" ]] || { echo "volume.sh: no ferry binary at $FERRY" >&2; exit 1; }
+
+WORK="$(mktemp -d "$WORK_PARENT/ferry-volume-bench.XXXXXX")"
+DEV=""
+cleanup() {
+  mountpoint -q "$WORK/mnt" 2>/dev/null && umount "$WORK/mnt"
+  [[ -n "$DEV" ]] && losetup -d "$DEV" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+export FERRY_PASSWORD=ferry-benchmark-password
+REPO="file://$WORK/repo"
+"$FERRY" repo init --repo "$REPO" >/dev/null
+
+truncate -s "$SIZE" "$WORK/volume.img"
+mkfs.ext4 -q -F -d "$DATA" "$WORK/volume.img"
+DEV="$(losetup --find --show "$WORK/volume.img")"
+sync; echo 3 > /proc/sys/vm/drop_caches
+
+gbps() { python3 -c "print(f'{$SIZE / $1 / 1e9:.2f}')"; }
+timed() { # label, command...: prints the JSON summary's size fields and the rate
+  local label="$1"; shift
+  local t0 t1 secs
+  t0=$(date +%s.%N); out="$("$@")"; t1=$(date +%s.%N)
+  secs=$(python3 -c "print(f'{$t1 - $t0:.2f}')")
+  echo "| $label | $secs s | $(gbps "$secs") GB/s | ${out:0:200} |"
+}
+
+echo "| step | wall | device GB/s | ferry output |"
+echo "|---|---|---|---|"
+first="$(mktemp)"
+timed "first backup" "$FERRY" backup --repo "$REPO" --json "$DEV" | tee "$first"
+ID="$(grep -o '"snapshot_id":"[0-9a-f]*"' "$first" | cut -d'"' -f4)"
+
+# 1 % of the files change: a line appended to every 100th file (sorted by path).
+mkdir -p "$WORK/mnt"; mount "$DEV" "$WORK/mnt"
+find "$WORK/mnt" -type f -size +0 | LC_ALL=C sort | awk 'NR % 100 == 0' |
+  while read -r f; do echo "ferry benchmark change" >> "$f"; done
+umount "$WORK/mnt"
+sync; echo 3 > /proc/sys/vm/drop_caches
+
+second="$(mktemp)"
+timed "incremental (1 % of files changed)" "$FERRY" backup --repo "$REPO" --json --parent "$ID" "$DEV" | tee "$second"
+ID2="$(grep -o '"snapshot_id":"[0-9a-f]*"' "$second" | cut -d'"' -f4)"
+sync; echo 3 > /proc/sys/vm/drop_caches
+timed "restore onto a new image file" "$FERRY" restore --repo "$REPO" "$ID2" "$WORK/restored.img"
+cmp "$WORK/restored.img" "$DEV" && echo "restored image identical to the device"
+echo "repository: $(du -sh "$WORK/repo" | cut -f1)"
+rm -f "$first" "$second"
