@@ -11,7 +11,8 @@ use ferry_api::keys::{BACKUP_NAME_LABEL, WRITE_SPARSE_FILES};
 use ferry_api::{DataDownload, DataUpload};
 use ferry_repo::{
     BackupOptions, Progress, ProgressFn, RepoError, Repository, RestoreOptions, SnapshotId,
-    backup_tree, restore,
+    SnapshotKind, VolumeBackupOptions, VolumeRestoreOptions, backup_tree, backup_volume, restore,
+    restore_volume,
 };
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
@@ -65,16 +66,17 @@ fn source_of(du: &DataUpload) -> String {
     format!("{}/{}", du.spec.source_namespace, du.spec.source_pvc)
 }
 
-/// The newest snapshot of the same source: the parent of an incremental backup.
+/// The newest snapshot of the same source and kind: the parent of an incremental backup.
 async fn parent_of(
     repo: &Repository,
     source: &str,
+    kind: SnapshotKind,
     cancel: &CancellationToken,
 ) -> Result<Option<SnapshotId>, RepoError> {
     let snapshots = repo.snapshots(cancel).await?;
     Ok(snapshots
         .into_iter()
-        .filter(|(_, s)| s.source == source)
+        .filter(|(_, s)| s.source == source && s.kind().ok() == Some(kind))
         .max_by_key(|(_, s)| s.time)
         .map(|(id, _)| id))
 }
@@ -88,42 +90,49 @@ impl DataMover for RepoMover {
         progress: ProgressSink,
         cancel: CancellationToken,
     ) -> Result<BackupOutcome, WorkError> {
-        if volume.mode == VolumeMode::Block {
-            return Err(WorkError::from_error(MoverError::Volume(format!(
-                "DataUpload {}: block-mode volumes are not supported by this build of Ferry",
-                du.name_any()
-            ))));
-        }
         let (repo, location) = self
             .repos
             .open(&du.spec.backup_storage_location, &du.spec.source_namespace, &cancel)
             .await
             .map_err(WorkError::from_error)?;
         let source = source_of(du);
-        let parent = parent_of(&repo, &source, &cancel)
+        let kind = match volume.mode {
+            VolumeMode::Filesystem => SnapshotKind::Tree,
+            VolumeMode::Block => SnapshotKind::Volume,
+        };
+        let parent = parent_of(&repo, &source, kind, &cancel)
             .await
             .map_err(|e| work_error("finding the previous backup", &location, e))?;
         let mut tags = vec![(DATA_UPLOAD_TAG.to_owned(), du.name_any())];
         if let Some(backup) = du.labels().get(BACKUP_NAME_LABEL) {
             tags.push((BACKUP_NAME_LABEL.to_owned(), backup.clone()));
         }
-        let options = BackupOptions {
-            parent,
-            tags,
-            source,
-            hostname: Some(volume.node.clone()),
-            ..BackupOptions::default()
+        let hostname = Some(volume.node.clone());
+        let report = Some(reporter(progress.clone()));
+        let (snapshot_id, total, new) = match volume.mode {
+            VolumeMode::Filesystem => {
+                let options =
+                    BackupOptions { parent, tags, source, hostname, ..Default::default() };
+                let s = backup_tree(&repo, &volume.path, &options, report, &cancel)
+                    .await
+                    .map_err(|e| work_error("backing up the volume", &location, e))?;
+                (s.snapshot_id, s.bytes_total, s.bytes_new)
+            }
+            VolumeMode::Block => {
+                let options =
+                    VolumeBackupOptions { parent, tags, source, hostname, ..Default::default() };
+                let s = backup_volume(&repo, &volume.path, &options, report, &cancel)
+                    .await
+                    .map_err(|e| work_error("backing up the block volume", &location, e))?;
+                (s.snapshot_id, s.size, s.bytes_new)
+            }
         };
-        let summary =
-            backup_tree(&repo, &volume.path, &options, Some(reporter(progress.clone())), &cancel)
-                .await
-                .map_err(|e| work_error("backing up the volume", &location, e))?;
-        progress.set_total(summary.bytes_total);
-        progress.set_done(summary.bytes_total);
+        progress.set_total(total);
+        progress.set_done(total);
         Ok(BackupOutcome {
-            snapshot_id: summary.snapshot_id.to_string(),
-            total_bytes: summary.bytes_total,
-            incremental_bytes: summary.bytes_new,
+            snapshot_id: snapshot_id.to_string(),
+            total_bytes: total,
+            incremental_bytes: new,
             data_mover_result: BTreeMap::new(),
         })
     }
@@ -135,12 +144,6 @@ impl DataMover for RepoMover {
         progress: ProgressSink,
         cancel: CancellationToken,
     ) -> Result<RestoreOutcome, WorkError> {
-        if volume.mode == VolumeMode::Block {
-            return Err(WorkError::from_error(MoverError::Volume(format!(
-                "DataDownload {}: block-mode volumes are not supported by this build of Ferry",
-                dd.name_any()
-            ))));
-        }
         let (repo, location) = self
             .repos
             .open(&dd.spec.backup_storage_location, &dd.spec.source_namespace, &cancel)
@@ -159,13 +162,26 @@ impl DataMover for RepoMover {
             .as_ref()
             .and_then(|c| c.get(WRITE_SPARSE_FILES))
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        let options = RestoreOptions { sparse, ..RestoreOptions::default() };
-        let summary =
-            restore(&repo, &id, &volume.path, &options, Some(reporter(progress.clone())), &cancel)
-                .await
-                .map_err(|e| work_error("restoring the volume", &location, e))?;
-        progress.set_total(summary.bytes);
-        progress.set_done(summary.bytes);
-        Ok(RestoreOutcome { total_bytes: summary.bytes })
+        let report = Some(reporter(progress.clone()));
+        let written = match volume.mode {
+            VolumeMode::Filesystem => {
+                let options = RestoreOptions { sparse, ..RestoreOptions::default() };
+                restore(&repo, &id, &volume.path, &options, report, &cancel)
+                    .await
+                    .map_err(|e| work_error("restoring the volume", &location, e))?
+                    .bytes
+            }
+            VolumeMode::Block => {
+                // A freshly provisioned volume is not known to read as zeros: write them.
+                let options = VolumeRestoreOptions::default();
+                restore_volume(&repo, &id, &volume.path, &options, report, &cancel)
+                    .await
+                    .map_err(|e| work_error("restoring the block volume", &location, e))?
+                    .size
+            }
+        };
+        progress.set_total(written);
+        progress.set_done(written);
+        Ok(RestoreOutcome { total_bytes: written })
     }
 }

@@ -140,6 +140,22 @@ impl World {
         Ok(sim.wait_snapshot_ready(&self.ns, &vs_name, WAIT).await?)
     }
 
+    /// A block-mode PVC of `size` holding `data` at `offset`, and a ready snapshot of it.
+    pub async fn block_volume_with_snapshot(
+        &self,
+        pvc: &str,
+        size: &str,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<VolumeSnapshot, Box<dyn std::error::Error>> {
+        let sim = self.sim();
+        sim.create_pvc(&self.ns, pvc, size, VolumeMode::Block, Binding::Immediate).await?;
+        sim.write_block(&self.ns, pvc, offset, data).await?;
+        let vs_name = format!("{pvc}-snap");
+        sim.snapshot_pvc(&self.ns, pvc, &vs_name).await?;
+        Ok(sim.wait_snapshot_ready(&self.ns, &vs_name, WAIT).await?)
+    }
+
     /// A DataUpload exactly as Velero's CSI plugin creates it for backup `backup`.
     pub async fn create_data_upload(
         &self,
@@ -194,6 +210,20 @@ impl World {
         size: &str,
         from: &DataUpload,
     ) -> Result<DataDownload, Box<dyn std::error::Error>> {
+        self.create_data_download_in_mode(restore, target_ns, target, size, from, "Filesystem")
+            .await
+    }
+
+    /// As [`World::create_data_download`], for a target PVC of `mode` (`Filesystem`/`Block`).
+    pub async fn create_data_download_in_mode(
+        &self,
+        restore: &str,
+        target_ns: &str,
+        target: &str,
+        size: &str,
+        from: &DataUpload,
+        mode: &str,
+    ) -> Result<DataDownload, Box<dyn std::error::Error>> {
         let selector = format!("{target_ns}.{target}.{}", &suffix()[..6]);
         let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
@@ -201,7 +231,7 @@ impl World {
             "spec": {
                 "accessModes": ["ReadWriteOnce"],
                 "storageClassName": self.sim().storage_class(Binding::Immediate),
-                "volumeMode": "Filesystem",
+                "volumeMode": mode,
                 "resources": { "requests": { "storage": size } },
                 "selector": { "matchLabels": {
                     "velero.io/dynamic-pv-restore": ferry_api::naming::valid_label_value(&selector),
