@@ -40,6 +40,12 @@ pub enum Command {
     Agent(Box<crate::agent_cmd::AgentArgs>),
     /// Wait until stopped (the command of the pods that hold exposed volumes).
     Hold,
+    /// Serve Ferry's Velero plugins (Velero starts this; flags are Velero's own).
+    Plugin {
+        /// Velero's flags (`--log-level`, `--features`, …), accepted as given.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Verify the repository's structure and references.
     Check {
         #[command(flatten)]

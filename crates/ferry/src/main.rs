@@ -5,6 +5,7 @@
 mod agent_cmd;
 mod cli;
 mod password;
+mod plugin_cmd;
 mod progress;
 mod repo_cmds;
 mod volume_cmds;
@@ -17,7 +18,11 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{Cli, Command, RepoCommand};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = if plugin_cmd::started_as_plugin() {
+        Cli { verbose: 1, command: Command::Plugin { args: std::env::args_os().skip(1).collect() } }
+    } else {
+        Cli::parse()
+    };
     init_logging(cli.verbose);
     // aws-sdk-s3 links rustls' aws-lc provider and kube links ring; with both present rustls
     // cannot pick one, so choose ring for the whole process.
@@ -60,6 +65,7 @@ async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()>
         Command::Check { repo, read_data } => repo_cmds::check(&repo, read_data, cancel).await,
         Command::Agent(args) => agent_cmd::run(&args, cancel).await,
         Command::Hold => agent_cmd::hold(cancel).await,
+        Command::Plugin { args } => plugin_cmd::run(args).await,
     }
 }
 
