@@ -13,6 +13,8 @@
 //! - [`restore`] with [`RestoreOptions`] → [`RestoreSummary`]: parallel, sparse, full metadata,
 //!   hardened against hostile snapshots.
 //! - [`check`] with [`CheckOptions`] → [`CheckReport`].
+//! - [`gc::forget`] and [`gc::gc`] with [`gc::GcOptions`] → [`gc::GcReport`]: garbage
+//!   collection that runs while other nodes back up (protocol in `FORMAT.md`).
 //! - Long operations take a [`CancellationToken`](tokio_util::sync::CancellationToken) and an
 //!   optional [`ProgressFn`] called at least once a second with a [`Progress`].
 //!
@@ -35,6 +37,7 @@ mod backup;
 mod check;
 mod error;
 pub mod format;
+pub mod gc;
 mod progress;
 mod repo;
 mod restore;

@@ -3,6 +3,7 @@
 //! Exit status 0 on success; on failure a one-line cause on stderr and a non-zero status.
 
 mod cli;
+mod gc_cmds;
 mod password;
 mod progress;
 mod repo_cmds;
@@ -46,6 +47,8 @@ async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()>
         Command::Restore(args) => repo_cmds::restore(&args, cancel).await,
         Command::Snapshots { repo, json } => repo_cmds::snapshots(&repo, json, cancel).await,
         Command::Check { repo, read_data } => repo_cmds::check(&repo, read_data, cancel).await,
+        Command::Forget(args) => gc_cmds::forget(&args, cancel).await,
+        Command::Gc(args) => gc_cmds::gc(&args, cancel).await,
     }
 }
 

@@ -25,7 +25,10 @@ async fn open_store(args: &RepoArgs) -> anyhow::Result<Arc<dyn ObjectStore>> {
     Ok(Arc::new(store))
 }
 
-async fn open_repo(args: &RepoArgs, cancel: &CancellationToken) -> anyhow::Result<Repository> {
+pub(crate) async fn open_repo(
+    args: &RepoArgs,
+    cancel: &CancellationToken,
+) -> anyhow::Result<Repository> {
     let password = password::read(args.password_file.as_deref())?;
     let store = open_store(args).await?;
     Repository::open(store, &password, cancel)
