@@ -85,7 +85,10 @@ pub async fn check(
         }
     }
     let mut indexed: HashMap<PackId, (u64, Vec<PackEntry>)> = HashMap::new();
-    for (_, f) in &files {
+    // Files superseded by a compacted index are ignored, as every reader does.
+    let superseded: HashSet<IndexId> =
+        files.iter().flat_map(|(_, f)| f.supersedes.iter().copied()).collect();
+    for (_, f) in files.iter().filter(|(id, _)| !superseded.contains(id)) {
         for p in &f.packs {
             let slot = indexed.entry(p.id).or_insert_with(|| (p.size, Vec::new()));
             slot.1.extend(p.entries.iter().copied());

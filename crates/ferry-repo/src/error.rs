@@ -115,6 +115,24 @@ pub enum RepoError {
         /// The volume's size.
         volume_size: u64,
     },
+    /// A backup's or restore's lease ran out (the process stalled, or storage was unreachable,
+    /// for longer than the lease), so garbage collection may have removed data it relied on.
+    /// Nothing was committed; running the operation again is safe.
+    #[error("{what}: lease {key} lapsed before the commit; nothing was committed, run it again")]
+    LeaseLapsed {
+        /// The operation holding the lease.
+        what: &'static str,
+        /// The lease object.
+        key: String,
+    },
+    /// Garbage collection refused a step because it could not prove it safe.
+    #[error("garbage collection ({step}): {reason}")]
+    Gc {
+        /// The phase (`lock`, `mark`, `sweep`).
+        step: &'static str,
+        /// Why.
+        reason: String,
+    },
     /// The operation was cancelled through its token.
     #[error("cancelled")]
     Cancelled,

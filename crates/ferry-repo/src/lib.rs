@@ -15,6 +15,8 @@
 //! - [`backup_volume`] / [`restore_volume`]: block devices and volume images as volume
 //!   snapshots (parallel, hole- and zero-skipping, deduplicated across volumes).
 //! - [`check`] with [`CheckOptions`] → [`CheckReport`].
+//! - [`gc::forget`] and [`gc::gc`] with [`gc::GcOptions`] → [`gc::GcReport`]: garbage
+//!   collection that runs while other nodes back up (protocol in `FORMAT.md`).
 //! - Long operations take a [`CancellationToken`](tokio_util::sync::CancellationToken) and an
 //!   optional [`ProgressFn`] called at least once a second with a [`Progress`].
 //!
@@ -37,6 +39,7 @@ mod backup;
 mod check;
 mod error;
 pub mod format;
+pub mod gc;
 mod progress;
 mod repo;
 mod restore;

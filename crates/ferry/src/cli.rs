@@ -46,6 +46,10 @@ pub enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// Forget snapshots: delete their manifests (run `gc` to reclaim their space).
+    Forget(crate::gc_cmds::ForgetArgs),
+    /// Reclaim the space of forgotten snapshots; safe while other nodes back up.
+    Gc(crate::gc_cmds::GcArgs),
     /// Verify the repository's structure and references.
     Check {
         #[command(flatten)]

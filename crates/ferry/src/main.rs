@@ -4,6 +4,7 @@
 
 mod agent_cmd;
 mod cli;
+mod gc_cmds;
 mod password;
 mod plugin_cmd;
 mod progress;
@@ -66,6 +67,8 @@ async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()>
         Command::Agent(args) => agent_cmd::run(&args, cancel).await,
         Command::Hold => agent_cmd::hold(cancel).await,
         Command::Plugin { args } => plugin_cmd::run(args).await,
+        Command::Forget(args) => gc_cmds::forget(&args, cancel).await,
+        Command::Gc(args) => gc_cmds::gc(&args, cancel).await,
     }
 }
 

@@ -136,3 +136,88 @@ fn failures_exit_non_zero_with_a_one_line_cause() {
     }
     assert!(!Path::new("/tmp/ferry-never").exists(), "a failed restore must not create its target");
 }
+
+fn dir_bytes(p: &Path) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(p).expect("read_dir") {
+        let e = e.expect("entry");
+        let m = e.metadata().expect("metadata");
+        total += if m.is_dir() { dir_bytes(&e.path()) } else { m.len() };
+    }
+    total
+}
+
+#[test]
+fn forget_and_gc_reclaim_space_with_clear_output_and_exit_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("repo");
+    let repo = format!("file://{}", root.display());
+    ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    make_tree(&one);
+    // Incompressible content only the forgotten snapshot holds.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..2_500_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(one.join("noise.bin"), noise).expect("write");
+    std::fs::create_dir_all(&two).expect("mkdir");
+    std::fs::write(
+        two.join("other.bin"),
+        (0..2_000_000u32).map(|i| (i * 13 % 241) as u8).collect::<Vec<_>>(),
+    )
+    .expect("write");
+    let backup = |src: &Path| {
+        let out = ok(&ferry(&[], &["backup", "--repo", &repo, src.to_str().expect("path")]));
+        out.lines().last().expect("snapshot id").to_owned()
+    };
+    let (id1, id2) = (backup(&one), backup(&two));
+
+    // Unknown snapshot: nothing is deleted, one-line cause, exit status 1.
+    let bad = ferry(&[], &["forget", "--repo", &repo, &id1[..8], "deadbeef"]);
+    assert_eq!(bad.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("ferry: error:") && stderr.contains("deadbeef"), "{stderr}");
+    // Usage errors are clap's (status 2).
+    assert_eq!(ferry(&[], &["forget", "--repo", &repo]).status.code(), Some(2));
+    assert_eq!(
+        ferry(&[], &["gc", "--repo", &repo, "--repack-fraction", "2"]).status.code(),
+        Some(2)
+    );
+
+    let forgotten: serde_json::Value = serde_json::from_str(&ok(&ferry(
+        &[],
+        &["forget", "--repo", &repo, "--json", &id1[..12], &id1],
+    )))
+    .expect("forget --json is JSON");
+    assert_eq!(forgotten, serde_json::json!({ "forgotten": [id1] }));
+
+    let before = dir_bytes(&root);
+    let report: serde_json::Value =
+        serde_json::from_str(&ok(&ferry(&[], &["gc", "--repo", &repo, "--json"])))
+            .expect("gc --json is JSON");
+    assert_eq!(report["state"], "done", "{report}");
+    assert_eq!(report["snapshots"], 1, "{report}");
+    let deleted = report["deleted_bytes"].as_u64().expect("deleted_bytes");
+    assert!(deleted >= 2_000_000, "{report}");
+    assert!(before - dir_bytes(&root) >= deleted, "space actually returned");
+
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(&ferry(&[], &["snapshots", "--repo", &repo, "--json"])))
+            .expect("JSON");
+    assert_eq!(list.as_array().map(Vec::len), Some(1));
+    assert_eq!(list[0]["id"], id2.as_str());
+    let check = ok(&ferry(&[], &["check", "--repo", &repo, "--read-data"]));
+    assert!(check.contains("no problems found"), "{check}");
+    let target = dir.path().join("restored");
+    ok(&ferry(&[], &["restore", "--repo", &repo, &id2, target.to_str().expect("path")]));
+    assert_same_tree(&two, &target);
+
+    let again = ok(&ferry(&[], &["gc", "--repo", &repo]));
+    assert!(again.contains("deleted 0 packs"), "{again}");
+}

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobId, DEFAULT_DATA_LEVEL, Node, Snapshot, SnapshotId, Summary, Timestamp};
+use crate::gc::{Lease, LeaseCheck, WRITER_LEASES};
 use crate::progress::Counters;
 use crate::progress::ProgressFn;
 use crate::repo::writer::{LocalPacker, Uploader};
@@ -122,16 +123,32 @@ fn now() -> Timestamp {
 /// Backs up the directory `path` into `repo` and writes a snapshot.
 ///
 /// Unreadable entries do not fail the backup: each is recorded in the snapshot with its error
-/// and counted in [`BackupSummary::errors`].
+/// and counted in [`BackupSummary::errors`]. The backup holds a lease (see [`crate::gc`]) from
+/// before it reads the index until its snapshot is stored.
 ///
 /// # Errors
 /// The root cannot be opened; storage failures; a damaged parent snapshot manifest;
-/// [`RepoError::Cancelled`] when `cancel` fires (within about a second).
+/// [`RepoError::Cancelled`] when `cancel` fires (within about a second);
+/// [`RepoError::LeaseLapsed`] when the lease could not be kept.
 pub async fn backup_tree(
     repo: &Repository,
     path: &Path,
     options: &BackupOptions,
     progress: Option<ProgressFn>,
+    cancel: &CancellationToken,
+) -> RepoResult<BackupSummary> {
+    let lease = Lease::acquire(repo, WRITER_LEASES, "backup", repo.lease_ttl(), cancel).await?;
+    let result = backup_leased(repo, path, options, progress, &lease.checker(), cancel).await;
+    lease.release().await;
+    result
+}
+
+async fn backup_leased(
+    repo: &Repository,
+    path: &Path,
+    options: &BackupOptions,
+    progress: Option<ProgressFn>,
+    lease: &LeaseCheck,
     cancel: &CancellationToken,
 ) -> RepoResult<BackupSummary> {
     let started = Instant::now();
@@ -143,7 +160,8 @@ pub async fn backup_tree(
         None => None,
     };
     let stop = cancel.child_token();
-    let (sink, uploader) = Uploader::start(repo, Arc::clone(&index), &stop);
+    let (sink, uploader) =
+        Uploader::start_leased(repo, Arc::clone(&index), Some(lease.clone()), &stop);
     let shared = Arc::new(Shared {
         repo: repo.clone(),
         index,
@@ -205,6 +223,7 @@ pub async fn backup_tree(
         summary,
         program: concat!("ferry ", env!("CARGO_PKG_VERSION")).to_owned(),
     };
+    lease.check()?;
     let snapshot_id = repo.save_snapshot(&snapshot, cancel).await?;
     if let Some(f) = &progress {
         f(&shared.progress.snapshot(floor, true));

@@ -285,7 +285,11 @@ impl<'a> Walker<'a> {
         let p = &self.shared.progress;
         p.files_total.fetch_add(1, Ordering::Relaxed);
         p.bytes_total.fetch_add(size, Ordering::Relaxed);
-        if let Some(content) = unchanged(previous, &node, size) {
+        // Reuse the parent's chunk list only if every chunk is still indexed (not condemned
+        // by garbage collection since the parent was written).
+        let reusable = unchanged(previous, &node, size)
+            .filter(|c| c.chunks.iter().all(|ch| self.shared.index.contains(&ch.id)));
+        if let Some(content) = reusable {
             p.files_done.fetch_add(1, Ordering::Relaxed);
             p.bytes_done.fetch_add(size, Ordering::Relaxed);
             node.body = NodeBody::File(content);

@@ -61,6 +61,8 @@ pub enum ObjectKind {
     Index = 7,
     /// `snapshots/<id>`: a snapshot manifest, the commit point of a backup.
     Snapshot = 8,
+    /// `gc/mark-<id>`, `gc/writers-<id>`: garbage-collection state.
+    GcState = 9,
 }
 
 impl ObjectKind {
@@ -78,6 +80,7 @@ impl ObjectKind {
             6 => Self::TreeBlob,
             7 => Self::Index,
             8 => Self::Snapshot,
+            9 => Self::GcState,
             other => return Err(FormatError::UnknownKind { found: other }),
         })
     }
@@ -100,6 +103,7 @@ impl std::fmt::Display for ObjectKind {
             Self::TreeBlob => "tree blob",
             Self::Index => "index",
             Self::Snapshot => "snapshot",
+            Self::GcState => "gc state",
         };
         f.write_str(name)
     }

@@ -53,11 +53,22 @@ pub(crate) struct MemIndex {
     added: RwLock<HashMap<BlobId, BlobLocation>>,
     added_packs: RwLock<HashMap<PackId, u64>>,
     files: HashSet<IndexId>,
+    /// Garbage-collection marks whose condemned packs were left out (see `crate::gc`).
+    pub(crate) gc_marks: Vec<String>,
 }
 
 impl MemIndex {
     /// Builds the index from decoded index files, honouring `supersedes`.
     pub(crate) fn build(files: Vec<(IndexId, IndexFile)>) -> Self {
+        Self::build_excluding(files, &HashSet::new())
+    }
+
+    /// As [`MemIndex::build`], leaving out the blobs of the `excluded` packs (condemned by
+    /// garbage collection), so a copy in another pack is found instead, or none.
+    pub(crate) fn build_excluding(
+        files: Vec<(IndexId, IndexFile)>,
+        excluded: &HashSet<PackId>,
+    ) -> Self {
         let superseded: HashSet<IndexId> =
             files.iter().flat_map(|(_, f)| f.supersedes.iter().copied()).collect();
         let mut index = Self::default();
@@ -72,6 +83,9 @@ impl MemIndex {
                 continue;
             }
             for pack in file.packs {
+                if excluded.contains(&pack.id) {
+                    continue;
+                }
                 let number = *index.pack_numbers.entry(pack.id).or_insert_with(|| {
                     index.packs.push(PackInfo { id: pack.id, size: pack.size });
                     u32::try_from(index.packs.len() - 1).unwrap_or(u32::MAX)
@@ -99,22 +113,39 @@ impl MemIndex {
         &self.files
     }
 
+    /// Packs by number.
+    pub(crate) fn packs(&self) -> &[PackInfo] {
+        &self.packs
+    }
+
+    /// Calls `f` with every loaded blob (one location per id), in id order.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&BlobId, usize, BlobLocation)) {
+        for s in &self.slots {
+            if let Some(loc) = self.location(s) {
+                f(&s.id, s.pack as usize, loc);
+            }
+        }
+    }
+
+    fn location(&self, s: &Slot) -> Option<BlobLocation> {
+        let pack = self.packs.get(s.pack as usize)?;
+        Some(BlobLocation {
+            pack: pack.id,
+            offset: s.offset,
+            length: s.length,
+            raw_length: s.raw_and_kind & !TREE_BIT,
+            kind: if s.raw_and_kind & TREE_BIT != 0 {
+                ObjectKind::TreeBlob
+            } else {
+                ObjectKind::DataBlob
+            },
+        })
+    }
+
     /// Where `id` is, if anywhere.
     pub(crate) fn lookup(&self, id: &BlobId) -> Option<BlobLocation> {
         if let Ok(pos) = self.slots.binary_search_by(|s| s.id.cmp(id)) {
-            let s = self.slots[pos];
-            let pack = self.packs.get(s.pack as usize)?;
-            return Some(BlobLocation {
-                pack: pack.id,
-                offset: s.offset,
-                length: s.length,
-                raw_length: s.raw_and_kind & !TREE_BIT,
-                kind: if s.raw_and_kind & TREE_BIT != 0 {
-                    ObjectKind::TreeBlob
-                } else {
-                    ObjectKind::DataBlob
-                },
-            });
+            return self.location(&self.slots[pos]);
         }
         self.added.read().ok()?.get(id).copied()
     }

@@ -60,6 +60,8 @@ struct Inner {
     chunker: Chunker,
     index: tokio::sync::Mutex<Option<Arc<MemIndex>>>,
     tree_packs: PackCache,
+    /// Lease time of this process's backups and restores, in milliseconds (see `crate::gc`).
+    lease_ttl_ms: std::sync::atomic::AtomicU64,
 }
 
 pub(crate) fn hostname() -> String {
@@ -75,7 +77,9 @@ pub(crate) fn unix_now() -> i64 {
         .unwrap_or(0)
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> RepoResult<T> {
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> RepoResult<T> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| RepoError::Internal { what: "blocking task", reason: e.to_string() })
@@ -205,6 +209,9 @@ impl Repository {
                 chunker,
                 index: tokio::sync::Mutex::new(None),
                 tree_packs: PackCache::new(64 << 20),
+                lease_ttl_ms: std::sync::atomic::AtomicU64::new(
+                    crate::gc::DEFAULT_LEASE_TTL.as_millis() as u64,
+                ),
             }),
         })
     }
@@ -249,6 +256,21 @@ impl Repository {
         self.store().delete(&key, cancel).await.map_err(|e| RepoError::store("delete", &key, e))
     }
 
+    /// Sets how long the leases of this handle's backups and restores last without a refresh
+    /// (they are refreshed every third of it). A process that crashes blocks garbage
+    /// collection's sweep for this long plus the allowed clock skew. Default
+    /// [`crate::gc::DEFAULT_LEASE_TTL`].
+    pub fn set_lease_ttl(&self, ttl: std::time::Duration) {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1000);
+        self.inner.lease_ttl_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn lease_ttl(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            self.inner.lease_ttl_ms.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
     /// Repository parameters.
     #[must_use]
     pub fn config(&self) -> &Config {
@@ -286,7 +308,11 @@ impl Repository {
         let mut slot = self.inner.index.lock().await;
         if let Some(index) = slot.as_ref() {
             let ids = self.index_ids(cancel).await?;
-            if ids.iter().all(|id| index.files().contains(id)) && index.files().len() == ids.len() {
+            let marks = crate::gc::mark_ids(self, cancel).await?;
+            if ids.iter().all(|id| index.files().contains(id))
+                && index.files().len() == ids.len()
+                && index.gc_marks == marks
+            {
                 return Ok(Arc::clone(index));
             }
         }
@@ -330,14 +356,36 @@ impl Repository {
         .await?
     }
 
+    /// Loads the index, leaving out packs that a pending garbage-collection mark condemned
+    /// (read first: see `crate::gc`). Retries when garbage collection removes an index file
+    /// between listing and reading (it wrote the file superseding it before).
     async fn load_index(&self, cancel: &CancellationToken) -> RepoResult<MemIndex> {
+        let (marks, excluded) = crate::gc::exclusions(self, cancel).await?;
+        let mut attempt = 0;
+        let files = loop {
+            attempt += 1;
+            match self.load_index_files(cancel).await {
+                Err(RepoError::Store { source: StoreError::NotFound { .. }, .. })
+                    if attempt < 4 => {}
+                other => break other?,
+            }
+        };
+        let mut index = blocking(move || MemIndex::build_excluding(files, &excluded)).await?;
+        index.gc_marks = marks;
+        Ok(index)
+    }
+
+    /// Reads and authenticates every index file.
+    pub(crate) async fn load_index_files(
+        &self,
+        cancel: &CancellationToken,
+    ) -> RepoResult<Vec<(IndexId, IndexFile)>> {
         let ids = self.index_ids(cancel).await?;
-        let files: Vec<(IndexId, IndexFile)> = futures::stream::iter(ids)
+        futures::stream::iter(ids)
             .map(|id| async move { self.read_index_file(id, cancel).await.map(|f| (id, f)) })
             .buffer_unordered(LOAD_CONCURRENCY)
             .try_collect()
-            .await?;
-        blocking(move || MemIndex::build(files)).await
+            .await
     }
 
     /// Reads, authenticates and verifies one blob.

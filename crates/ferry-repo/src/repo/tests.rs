@@ -113,7 +113,7 @@ pub(crate) async fn write_blobs_of(
 ) -> RepoResult<Vec<BlobId>> {
     let cancel = CancellationToken::new();
     let index = repo.index(&cancel).await?;
-    let (sink, uploader) = Uploader::start(repo, Arc::clone(&index), &cancel);
+    let (sink, uploader) = Uploader::start_leased(repo, Arc::clone(&index), None, &cancel);
     let stats = Arc::clone(&uploader.stats);
     let repo2 = repo.clone();
     let ids = tokio::task::spawn_blocking(move || -> RepoResult<Vec<BlobId>> {

@@ -68,15 +68,19 @@ pub(crate) struct Uploader {
 }
 
 impl Uploader {
-    /// Starts the uploader on the current runtime.
-    pub(crate) fn start(
+    /// Starts the uploader on the current runtime. Every index file is written only while
+    /// `lease` is valid: garbage collection may delete the unindexed packs of a writer whose
+    /// lease lapsed, so every writer must hold one (see `crate::gc`).
+    pub(crate) fn start_leased(
         repo: &Repository,
         index: Arc<MemIndex>,
+        lease: Option<crate::gc::LeaseCheck>,
         cancel: &CancellationToken,
     ) -> (PackSink, Self) {
         let (tx, rx) = mpsc::channel(1);
         let stats = Arc::new(WriteStats::default());
-        let task = tokio::spawn(run(repo.clone(), index, rx, Arc::clone(&stats), cancel.clone()));
+        let repo = Leased { repo: repo.clone(), lease };
+        let task = tokio::spawn(run(repo, index, rx, Arc::clone(&stats), cancel.clone()));
         (PackSink { tx, data: Arc::default(), tree: Arc::default() }, Self { task, stats })
     }
 
@@ -88,8 +92,15 @@ impl Uploader {
     }
 }
 
-async fn run(
+/// The repository and the lease its index writes depend on.
+#[derive(Debug, Clone)]
+struct Leased {
     repo: Repository,
+    lease: Option<crate::gc::LeaseCheck>,
+}
+
+async fn run(
+    repo: Leased,
     index: Arc<MemIndex>,
     mut rx: mpsc::Receiver<SealedPack>,
     stats: Arc<WriteStats>,
@@ -105,7 +116,7 @@ async fn run(
             tokio::select! {
                 received = rx.recv(), if open && uploads.len() < UPLOAD_CONCURRENCY => match received {
                     Some(pack) => {
-                        let (repo, cancel) = (repo.clone(), cancel.clone());
+                        let (repo, cancel) = (repo.repo.clone(), cancel.clone());
                         uploads.spawn(async move { upload(&repo, pack, &cancel).await });
                     }
                     None => open = false,
@@ -162,12 +173,15 @@ async fn upload(
 /// index. Only indexed blobs may be deduplicated against by later backups of this process:
 /// a pack whose index write failed must not be relied on.
 async fn checkpoint(
-    repo: &Repository,
+    repo: &Leased,
     index: &MemIndex,
     packs: Vec<IndexPack>,
     cancel: &CancellationToken,
 ) -> RepoResult<IndexId> {
-    let id = write_index(repo, packs.clone(), cancel).await?;
+    if let Some(lease) = &repo.lease {
+        lease.check()?;
+    }
+    let id = write_index(&repo.repo, packs.clone(), cancel).await?;
     for pack in &packs {
         index.add_pack(pack.id, pack.size, &pack.entries);
     }

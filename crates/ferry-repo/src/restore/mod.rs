@@ -114,7 +114,31 @@ impl Shared {
 /// [`RepoError::Corrupt`] naming a damaged object (no wrong data is ever written as if it
 /// were right); [`RepoError::UnsafeEntry`] for hostile snapshot metadata;
 /// [`RepoError::MissingBlob`]; local I/O errors with the path; [`RepoError::Cancelled`].
+///
+/// The restore holds a lease (see [`crate::gc`]) so garbage collection does not delete packs
+/// it may read, and reloads the index if garbage collection changed it.
 pub async fn restore(
+    repo: &Repository,
+    id: &SnapshotId,
+    target: &Path,
+    options: &RestoreOptions,
+    progress: Option<ProgressFn>,
+    cancel: &CancellationToken,
+) -> RepoResult<RestoreSummary> {
+    let lease = crate::gc::Lease::acquire(
+        repo,
+        crate::gc::WRITER_LEASES,
+        "restore",
+        repo.lease_ttl(),
+        cancel,
+    )
+    .await?;
+    let result = restore_leased(repo, id, target, options, progress, cancel).await;
+    lease.release().await;
+    result
+}
+
+async fn restore_leased(
     repo: &Repository,
     id: &SnapshotId,
     target: &Path,
@@ -125,7 +149,7 @@ pub async fn restore(
     let started = Instant::now();
     crate::sys::raise_fd_limit();
     let snapshot = repo.load_snapshot(id, cancel).await?;
-    let index = repo.index(cancel).await?;
+    let index = repo.refresh_index(cancel).await?;
     std::fs::create_dir_all(target)
         .map_err(|e| RepoError::io("create restore target", target, e))?;
     let root_fd: OwnedFd = nix::fcntl::open(

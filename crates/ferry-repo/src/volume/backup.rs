@@ -9,6 +9,7 @@
 //! Memory: one chunk buffer per reader, the shared open pack, the packs being uploaded, and
 //! one 33-byte slot per chunk of the device.
 
+use crate::gc::{Lease, LeaseCheck, WRITER_LEASES};
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,6 +104,22 @@ pub async fn backup_volume(
     progress: Option<ProgressFn>,
     cancel: &CancellationToken,
 ) -> RepoResult<VolumeBackupSummary> {
+    let lease =
+        Lease::acquire(repo, WRITER_LEASES, "volume backup", repo.lease_ttl(), cancel).await?;
+    let result =
+        backup_volume_leased(repo, path, options, progress, &lease.checker(), cancel).await;
+    lease.release().await;
+    result
+}
+
+async fn backup_volume_leased(
+    repo: &Repository,
+    path: &Path,
+    options: &VolumeBackupOptions,
+    progress: Option<ProgressFn>,
+    lease: &LeaseCheck,
+    cancel: &CancellationToken,
+) -> RepoResult<VolumeBackupSummary> {
     let started = Instant::now();
     let time = now();
     let chunk_size = check_chunk_size(options.chunk_size)?;
@@ -120,7 +137,8 @@ pub async fn backup_volume(
         }
     }
     let stop = cancel.child_token();
-    let (sink, uploader) = Uploader::start(repo, Arc::clone(&index), &stop);
+    let (sink, uploader) =
+        Uploader::start_leased(repo, Arc::clone(&index), Some(lease.clone()), &stop);
     let slots = usize::try_from(volume.size.div_ceil(chunk_size)).unwrap_or(usize::MAX);
     let shared = Arc::new(Shared {
         repo: repo.clone(),
@@ -193,6 +211,7 @@ pub async fn backup_volume(
         summary,
         program: concat!("ferry ", env!("CARGO_PKG_VERSION")).to_owned(),
     };
+    lease.check()?;
     let snapshot_id = repo.save_snapshot(&snapshot, cancel).await?;
     if let Some(f) = &progress {
         f(&shared.progress.snapshot(size, true));

@@ -80,6 +80,27 @@ pub async fn restore_volume(
     progress: Option<ProgressFn>,
     cancel: &CancellationToken,
 ) -> RepoResult<VolumeRestoreSummary> {
+    let lease = crate::gc::Lease::acquire(
+        repo,
+        crate::gc::WRITER_LEASES,
+        "volume restore",
+        repo.lease_ttl(),
+        cancel,
+    )
+    .await?;
+    let result = restore_volume_leased(repo, id, target, options, progress, cancel).await;
+    lease.release().await;
+    result
+}
+
+async fn restore_volume_leased(
+    repo: &Repository,
+    id: &SnapshotId,
+    target: &Path,
+    options: &VolumeRestoreOptions,
+    progress: Option<ProgressFn>,
+    cancel: &CancellationToken,
+) -> RepoResult<VolumeRestoreSummary> {
     let started = Instant::now();
     let snapshot = repo.load_snapshot(id, cancel).await?;
     let object = || format!("snapshot {id}");
@@ -92,7 +113,7 @@ pub async fn restore_volume(
         });
     }
     let map = VolumeMap::from_snapshot(&snapshot).map_err(|e| RepoError::corrupt(object(), e))?;
-    let index = repo.index(cancel).await?;
+    let index = repo.refresh_index(cancel).await?;
     let (volume, created, zeroed) = open_target(target, map.size, options.target_zeroed)?;
     let target_size = volume.size.max(map.size);
     let stop = cancel.child_token();

@@ -1,0 +1,133 @@
+//! The mark phase: references, liveness per pack, repacking, the mark, the writers list.
+
+use std::collections::HashSet;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{RepoError, RepoResult};
+use crate::format::{PackEntry, PackId};
+use crate::gc::lease::{self, LeaseCheck};
+use crate::gc::state::{self, GcDir, GcMark, GcObject, GcWriters};
+use crate::gc::{GcOptions, MarkReport, refs, repack};
+use crate::repo::{MemIndex, Repository, blocking, layout, unix_now};
+
+pub(crate) async fn run(
+    repo: &Repository,
+    options: &GcOptions,
+    lock: &LeaseCheck,
+    cancel: &CancellationToken,
+) -> RepoResult<MarkReport> {
+    let dir = GcDir::list(repo, cancel).await?;
+    if dir.marks.iter().any(|m| dir.writers.contains(m)) {
+        return Ok(MarkReport { pending: true, ..MarkReport::default() });
+    }
+    // A mark without its writers list was left by a collector that stopped: drop it (backups
+    // that saw it only stored some blobs again).
+    for id in &dir.marks {
+        lock.check()?;
+        let key = state::mark_key(id)?;
+        repo.store().delete(&key, cancel).await.map_err(|e| RepoError::store("delete", &key, e))?;
+    }
+    let mut report = MarkReport::default();
+    let files = repo.load_index_files(cancel).await?;
+    let index = blocking(move || MemIndex::build(files)).await?;
+    let snapshots = repo.snapshot_ids(cancel).await?;
+    report.snapshots = snapshots.len() as u64;
+    let refs = refs::collect(repo, &snapshots, &|id| index.lookup(id), cancel).await?;
+    report.referenced_blobs = refs.len() as u64;
+
+    // Live bytes per pack, counting each referenced blob once, in the pack the index chose.
+    let packs = index.packs();
+    report.packs = packs.len() as u64;
+    let mut live = vec![(0u64, 0u32); packs.len()];
+    index.for_each(|id, pack, loc| {
+        if refs.contains(id) {
+            live[pack].0 += u64::from(loc.length);
+            live[pack].1 += 1;
+        }
+    });
+    let mut condemned = Vec::new();
+    let mut to_repack: HashSet<usize> = HashSet::new();
+    for (n, info) in packs.iter().enumerate() {
+        let (live_bytes, live_blobs) = live[n];
+        let dead = info.size.saturating_sub(live_bytes);
+        if live_blobs == 0 {
+            condemned.push(info.id);
+            report.condemned_bytes += info.size;
+        } else if dead >= options.repack_min_dead_bytes
+            && dead as f64 >= options.repack_dead_fraction * info.size as f64
+        {
+            to_repack.insert(n);
+        }
+    }
+    drop(live);
+    if !to_repack.is_empty() {
+        let mut entries: Vec<(PackId, PackEntry)> = Vec::new();
+        index.for_each(|id, pack, loc| {
+            if to_repack.contains(&pack) && refs.contains(id) {
+                entries.push((
+                    loc.pack,
+                    PackEntry {
+                        id: *id,
+                        kind: loc.kind,
+                        offset: loc.offset,
+                        length: loc.length,
+                        raw_length: loc.raw_length,
+                    },
+                ));
+            }
+        });
+        entries.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.offset.cmp(&b.1.offset)));
+        let copied = repack::run(repo, entries, lock, cancel).await?;
+        report.repacked_packs = to_repack.len() as u64;
+        report.repacked_blobs = copied.blobs;
+        report.repack_written_bytes = copied.bytes;
+        for n in &to_repack {
+            condemned.push(packs[*n].id);
+            report.condemned_bytes += packs[*n].size;
+        }
+    }
+    report.condemned_packs = condemned.len() as u64;
+
+    // Stored packs no index names (listed after the index was read).
+    let listed = repo
+        .store()
+        .list(layout::DATA, cancel)
+        .await
+        .map_err(|e| RepoError::store("list", layout::DATA, e))?;
+    let orphans: Vec<PackId> = listed
+        .iter()
+        .filter_map(|m| layout::id_of(&m.key).map(PackId))
+        .filter(|id| index.pack_size(id).is_none())
+        .collect();
+    report.orphan_packs = orphans.len() as u64;
+    drop(refs);
+    drop(index);
+    if condemned.is_empty() && orphans.is_empty() {
+        return Ok(report);
+    }
+    condemned.sort_unstable();
+
+    // The mark, then (after it is visible) the lease holders that may not have seen it.
+    lock.check()?;
+    let mark = GcObject::Mark(GcMark { created_unix: unix_now(), condemned, orphans });
+    let mark_id = state::put(repo, state::MARK, None, &mark, cancel).await?;
+    let listed = repo
+        .store()
+        .list(lease::WRITERS, cancel)
+        .await
+        .map_err(|e| RepoError::store("list", lease::WRITERS, e))?;
+    let mut holders: Vec<_> =
+        lease::live_holders(lease::WRITERS, &listed, unix_now(), options.max_clock_skew)
+            .into_keys()
+            .collect();
+    holders.sort_unstable();
+    report.writers = holders.len() as u64;
+    let mut id = [0u8; 32];
+    hex::decode_to_slice(&mark_id, &mut id)
+        .map_err(|e| RepoError::Internal { what: "gc mark id", reason: e.to_string() })?;
+    let writers = GcObject::Writers(GcWriters { mark: id, holders });
+    lock.check()?;
+    state::put(repo, state::WRITERS, Some(&mark_id), &writers, cancel).await?;
+    Ok(report)
+}

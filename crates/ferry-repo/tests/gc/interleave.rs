@@ -1,0 +1,169 @@
+//! Backups, forgets and collections interleaved step by step, and all at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_repo::gc::{SweepReport, forget, gc, gc_mark, gc_sweep};
+use ferry_store::{FsStore, ObjectKey, ObjectStore};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::*;
+
+fn fs_store(dir: &std::path::Path) -> Arc<dyn ObjectStore> {
+    std::fs::create_dir_all(dir).unwrap();
+    Arc::new(FsStore::open(dir).unwrap())
+}
+
+/// A backup that loaded the index before the mark and deduplicated against a forgotten
+/// snapshot's chunks holds the sweep back, and its chunks are revived, not deleted. A backup
+/// that starts after the mark stores condemned chunks again instead of relying on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_running_across_gc_keeps_every_chunk_it_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fs_store(&dir.path().join("repo"));
+    let repo = init(Arc::clone(&store)).await;
+    let a = tree(&dir.path().join("a"), &[1, 2, 3, 4]);
+    let c = tree(&dir.path().join("c"), &[1, 10]);
+    let sa = backup(&repo, &a).await;
+    forget(&repo, &[sa.snapshot_id], &CancellationToken::new()).await.unwrap();
+
+    // W1: backs up the same data, dedups everything, and stops at its snapshot write.
+    let gate = GateStore::new(Arc::clone(&store), "snapshots/");
+    let gated = open(gate.clone()).await;
+    let w1 = {
+        let (gated, a) = (gated.clone(), a.clone());
+        tokio::spawn(async move { backup(&gated, &a).await })
+    };
+    gate.wait_arrivals(1).await;
+
+    let options = gc_options();
+    let cancel = CancellationToken::new();
+    let mark = gc_mark(&repo, &options, &cancel).await.unwrap();
+    assert!(mark.condemned_packs >= 1 && mark.writers == 1, "{mark:?}");
+    assert_eq!(
+        gc_sweep(&repo, &options, &cancel).await.unwrap(),
+        SweepReport::Waiting { writers: 1 }
+    );
+    // A second mark is refused while this one is pending.
+    assert!(gc_mark(&repo, &options, &cancel).await.unwrap().pending);
+
+    // W2 starts after the mark: file 1 is only in condemned packs, so it is stored again.
+    let w2 = backup(&open(Arc::clone(&store)).await, &c).await;
+    assert_eq!(w2.bytes_new, w2.bytes_total, "nothing deduplicated against condemned packs");
+    assert_eq!(
+        gc_sweep(&repo, &options, &cancel).await.unwrap(),
+        SweepReport::Waiting { writers: 1 }
+    );
+
+    gate.open();
+    let w1 = w1.await.unwrap();
+    assert_eq!(w1.bytes_new, 0, "W1 loaded the index before the mark and reused everything");
+    let swept = gc_sweep(&repo, &options, &cancel).await.unwrap();
+    let SweepReport::Swept(stats) = swept else { panic!("{swept:?}") };
+    assert!(stats.revived_packs >= 1, "W1's snapshot needs the condemned packs: {stats:?}");
+    assert_clean(&repo).await;
+    assert_restores(&repo, &w1.snapshot_id, &a).await;
+    assert_restores(&repo, &w2.snapshot_id, &c).await;
+    // Once W1's snapshot is forgotten as well, its data goes.
+    let before = data_bytes(store.as_ref()).await;
+    forget(&repo, &[w1.snapshot_id], &cancel).await.unwrap();
+    let report = gc(&repo, &options, &cancel).await.unwrap();
+    assert!(matches!(report.sweep, SweepReport::Swept(_)), "{report:?}");
+    assert!(before - data_bytes(store.as_ref()).await >= 3 * FILE as u64);
+    assert_clean(&repo).await;
+    assert_restores(&repo, &w2.snapshot_id, &c).await;
+}
+
+/// A backup that died holding a lease blocks the sweep until the lease expires, no longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_writer_blocks_the_sweep_only_until_its_lease_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fs_store(&dir.path().join("repo"));
+    let repo = init(Arc::clone(&store)).await;
+    let s = backup(&repo, &tree(&dir.path().join("a"), &[1, 2])).await;
+    forget(&repo, &[s.snapshot_id], &CancellationToken::new()).await.unwrap();
+    // What a killed backup leaves: a lease that nobody refreshes.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let expires = now.as_secs() + 3;
+    let key = ObjectKey::new(format!("locks/{}-{expires:020}", "ab".repeat(16))).unwrap();
+    store.put_if_absent(&key, "crashed".into(), &CancellationToken::new()).await.unwrap();
+
+    let mut options = gc_options();
+    options.wait = Duration::ZERO;
+    let first = gc(&repo, &options, &CancellationToken::new()).await.unwrap();
+    assert!(first.pending(), "{first:?}");
+    assert!(data_bytes(store.as_ref()).await > 0);
+    options.wait = Duration::from_secs(30);
+    let second = gc(&repo, &options, &CancellationToken::new()).await.unwrap();
+    assert!(matches!(second.earlier, Some(SweepReport::Swept(_))), "{second:?}");
+    assert_eq!(data_bytes(store.as_ref()).await, 0);
+    assert!(
+        store.head(&key, &CancellationToken::new()).await.unwrap().is_none(),
+        "stale lease removed"
+    );
+    assert_clean(&repo).await;
+}
+
+/// Several backups, forgets and collections at the same time on one repository; afterwards
+/// every remaining snapshot is intact and everything forgotten is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_backups_forgets_and_collections() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fs_store(&dir.path().join("repo"));
+    let repo = init(Arc::clone(&store)).await;
+    let trees: Vec<_> =
+        (0..4u8).map(|i| tree(&dir.path().join(format!("t{i}")), &[1, 20 + i, 40 + i])).collect();
+    let mut keep = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, t) in trees.iter().enumerate() {
+        let (store, t) = (Arc::clone(&store), t.clone());
+        tasks.spawn(async move {
+            let repo = open(store).await;
+            let mut kept = Vec::new();
+            for round in 0..3 {
+                let s = backup(&repo, &t).await;
+                if round == 2 {
+                    kept.push((s.snapshot_id, t.clone()));
+                } else {
+                    forget(&repo, &[s.snapshot_id], &CancellationToken::new()).await.unwrap();
+                }
+            }
+            (i, kept)
+        });
+    }
+    let collector = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            let repo = open(store).await;
+            let mut options = gc_options();
+            options.wait = Duration::from_millis(300);
+            let mut swept = 0;
+            for _ in 0..6 {
+                match gc(&repo, &options, &CancellationToken::new()).await {
+                    Ok(r) => swept += u32::from(matches!(r.sweep, SweepReport::Swept(_))),
+                    Err(ferry_repo::RepoError::Gc { step: "lock", .. }) => {}
+                    Err(e) => panic!("gc: {e}"),
+                }
+            }
+            swept
+        })
+    };
+    while let Some(done) = tasks.join_next().await {
+        keep.extend(done.unwrap().1);
+    }
+    collector.await.unwrap();
+    // A last collection with nothing running reclaims whatever is left, rewriting packs
+    // that hold duplicates stored by racing backups.
+    let options = ferry_repo::gc::GcOptions { repack_dead_fraction: 0.2, ..gc_options() };
+    let report = gc_until_done(&repo, &options).await;
+    assert!(!report.pending(), "{report:?}");
+    assert_clean(&repo).await;
+    for (id, source) in &keep {
+        assert_restores(&repo, id, source).await;
+    }
+    assert_eq!(repo.snapshot_ids(&CancellationToken::new()).await.unwrap().len(), keep.len());
+    // What is stored is no more than the kept data once (plus pack overhead).
+    let distinct = (1 + 2 * trees.len()) as u64 * FILE as u64;
+    let data = data_bytes(store.as_ref()).await;
+    assert!(data < distinct + distinct / 3, "{data} bytes stored for {distinct} distinct");
+}

@@ -1,0 +1,84 @@
+//! Forget and garbage collection: space comes back, and nothing a live or in-progress
+//! snapshot needs is ever deleted, whatever the interleaving or the point where gc stops.
+#![allow(clippy::unwrap_used)]
+
+mod faults;
+mod interleave;
+mod s3;
+mod support;
+
+use std::sync::Arc;
+
+use ferry_repo::gc::{SweepReport, forget, gc};
+use ferry_store::{FsStore, ObjectStore};
+use support::*;
+use tokio_util::sync::CancellationToken;
+
+/// Two snapshots sharing three files; the first is forgotten. Returns the sources.
+pub async fn two_snapshots_forget_first(
+    repo: &Repository,
+    dir: &std::path::Path,
+) -> (ferry_repo::SnapshotId, std::path::PathBuf) {
+    let a = tree(&dir.join("a"), &[1, 2, 3, 4, 5, 6]);
+    let b = tree(&dir.join("b"), &[1, 2, 3, 7, 8, 9]);
+    let sa = backup(repo, &a).await;
+    let sb = backup(repo, &b).await;
+    assert!(sb.bytes_new < sb.bytes_total, "b shares data with a");
+    forget(repo, &[sa.snapshot_id], &CancellationToken::new()).await.unwrap();
+    (sb.snapshot_id, b)
+}
+
+use ferry_repo::Repository;
+
+/// Space held only by a forgotten snapshot comes back at once when no backup runs, mostly
+/// dead packs are rewritten, and the other snapshot stays whole.
+pub async fn reclaim(store: Arc<dyn ObjectStore>) {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init(Arc::clone(&store)).await;
+    let (sb, b) = two_snapshots_forget_first(&repo, dir.path()).await;
+    let before = data_bytes(store.as_ref()).await;
+    let mut options = gc_options();
+    options.repack_dead_fraction = 0.2;
+    let report = gc(&repo, &options, &CancellationToken::new()).await.unwrap();
+    let SweepReport::Swept(stats) = &report.sweep else { panic!("not swept: {report:?}") };
+    let mark = report.mark.clone().unwrap();
+    assert!(mark.condemned_packs >= 1 && stats.deleted_packs >= 1, "{report:?}");
+    assert!(mark.repacked_packs >= 1, "a pack shared by both snapshots is rewritten: {report:?}");
+    let after = data_bytes(store.as_ref()).await;
+    // Files 4, 5 and 6 were only in the forgotten snapshot.
+    assert!(before - after >= 3 * FILE as u64, "before {before}, after {after}");
+    assert_eq!(report.deleted().1, stats.deleted_bytes);
+    // The rest: clean and restorable, also through a fresh handle.
+    assert_clean(&repo).await;
+    assert_restores(&repo, &sb, &b).await;
+    assert_restores(&open(Arc::clone(&store)).await, &sb, &b).await;
+    // Nothing more to collect; the index was compacted into one superseding set.
+    let again = gc(&repo, &gc_options(), &CancellationToken::new()).await.unwrap();
+    assert_eq!(again.sweep, SweepReport::NothingMarked, "{again:?}");
+    assert_eq!(again.deleted(), (0, 0));
+    assert!(store.list("gc/", &CancellationToken::new()).await.unwrap().is_empty());
+    assert!(store.list("locks/", &CancellationToken::new()).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_and_gc_reclaim_space_on_the_file_system_store() {
+    let dir = tempfile::tempdir().unwrap();
+    reclaim(Arc::new(FsStore::open(dir.path()).unwrap())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forgetting_everything_leaves_an_empty_but_valid_repository() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("repo")).unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(FsStore::open(dir.path().join("repo")).unwrap());
+    let repo = init(Arc::clone(&store)).await;
+    let s = backup(&repo, &tree(&dir.path().join("a"), &[1, 2])).await;
+    forget(&repo, &[s.snapshot_id], &CancellationToken::new()).await.unwrap();
+    gc(&repo, &gc_options(), &CancellationToken::new()).await.unwrap();
+    assert_eq!(data_bytes(store.as_ref()).await, 0);
+    assert_clean(&repo).await;
+    // A new backup of the same data stores it again and restores.
+    let again = backup(&repo, &dir.path().join("a")).await;
+    assert!(again.bytes_new >= 2 * FILE as u64);
+    assert_restores(&repo, &again.snapshot_id, &dir.path().join("a")).await;
+}
