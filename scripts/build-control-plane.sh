@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and etcd from the Go module proxy at pinned versions and caches the
-# binaries outside target/, keyed by version. Prints the directory holding the binaries.
+# Builds kube-apiserver, etcd and kubectl from the Go module proxy at pinned versions and caches
+# the binaries outside target/, keyed by version. Prints the directory holding the binaries.
 #
 #   scripts/build-control-plane.sh            # build (or reuse) and print the bin directory
 #
@@ -17,13 +17,70 @@ export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 
 log() { printf 'build-control-plane: %s\n' "$*" >&2; }
 
-if [[ -x "$bin_dir/kube-apiserver" && -x "$bin_dir/etcd" ]]; then
+if [[ -x "$bin_dir/kube-apiserver" && -x "$bin_dir/etcd" && -x "$bin_dir/kubectl" ]]; then
   echo "$bin_dir"
   exit 0
 fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/ferry-cp-build.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
+
+# --- k8s.io/kubernetes commands (kube-apiserver, kubectl): one wrapper module that requires
+# k8s.io/kubernetes and replaces every staging module with its tag.
+k8s_ready=""
+k8s_module() {
+  [[ -n "$k8s_ready" ]] && return 0
+  local mod_json gomod staging_tag="v0.${k8s_version#v1.}"
+  mod_json="$(go mod download -json "k8s.io/kubernetes@${k8s_version}")"
+  gomod="$(printf '%s' "$mod_json" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')"
+  mkdir -p "$work/k8s"
+  (
+    cd "$work/k8s"
+    go mod init ferry.local/k8s-build >/dev/null 2>&1
+    cat > tools.go <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+GO
+    replaces=()
+    while read -r module; do
+      replaces+=("-replace=${module}=${module}@${staging_tag}")
+    done < <(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/.*#\1#p' "$gomod")
+    go mod edit "${replaces[@]}"
+    go mod edit -require="k8s.io/kubernetes@${k8s_version}"
+    go mod tidy >&2
+  )
+  k8s_ready=1
+}
+
+# build_k8s_cmd NAME OUT: builds k8s.io/kubernetes/cmd/NAME to OUT with the version stamped in.
+build_k8s_cmd() {
+  local minor="${k8s_version#v1.}" pkg=k8s.io/component-base/version
+  minor="${minor%%.*}"
+  k8s_module
+  log "building $1 $k8s_version"
+  (
+    cd "$work/k8s"
+    ldflags="-s -w -X ${pkg}.gitVersion=${k8s_version} -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${minor}"
+    go build -trimpath -ldflags "$ldflags" -o "$2" "k8s.io/kubernetes/cmd/$1" >&2
+  )
+}
+
+# A cache made before kubectl was added: add kubectl in place (an atomic rename), so the
+# control-plane binaries other runs may be using stay where they are.
+if [[ -x "$bin_dir/kube-apiserver" && -x "$bin_dir/etcd" ]]; then
+  build_k8s_cmd kubectl "$bin_dir/kubectl.partial"
+  mv "$bin_dir/kubectl.partial" "$bin_dir/kubectl"
+  log "kubectl added to $bin_dir"
+  echo "$bin_dir"
+  exit 0
+fi
+
 mkdir -p "$bin_dir.partial"
 
 # --- etcd: a wrapper module that requires etcd's server module; no replaces needed.
@@ -45,35 +102,11 @@ GO
   )
 fi
 
-# --- kube-apiserver: require k8s.io/kubernetes and replace every staging module with its tag.
 if [[ ! -x "$bin_dir.partial/kube-apiserver" ]]; then
-  log "building kube-apiserver $k8s_version"
-  minor="${k8s_version#v1.}"; minor="${minor%%.*}"
-  staging_tag="v0.${k8s_version#v1.}"
-  mod_json="$(go mod download -json "k8s.io/kubernetes@${k8s_version}")"
-  gomod="$(printf '%s' "$mod_json" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')"
-  mkdir -p "$work/k8s"
-  (
-    cd "$work/k8s"
-    go mod init ferry.local/k8s-build >/dev/null 2>&1
-    cat > tools.go <<'GO'
-//go:build tools
-
-package tools
-
-import _ "k8s.io/kubernetes/cmd/kube-apiserver"
-GO
-    replaces=()
-    while read -r module; do
-      replaces+=("-replace=${module}=${module}@${staging_tag}")
-    done < <(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/.*#\1#p' "$gomod")
-    go mod edit "${replaces[@]}"
-    go mod edit -require="k8s.io/kubernetes@${k8s_version}"
-    go mod tidy >&2
-    pkg=k8s.io/component-base/version
-    ldflags="-s -w -X ${pkg}.gitVersion=${k8s_version} -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${minor}"
-    go build -trimpath -ldflags "$ldflags" -o "$bin_dir.partial/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver >&2
-  )
+  build_k8s_cmd kube-apiserver "$bin_dir.partial/kube-apiserver"
+fi
+if [[ ! -x "$bin_dir.partial/kubectl" ]]; then
+  build_k8s_cmd kubectl "$bin_dir.partial/kubectl"
 fi
 
 rm -rf "$bin_dir"

@@ -19,6 +19,7 @@ mod data_upload;
 mod duration;
 pub mod keys;
 pub mod naming;
+pub mod node_agent_config;
 mod phase;
 mod progress;
 mod snapshot;

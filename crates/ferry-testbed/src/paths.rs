@@ -57,3 +57,17 @@ pub fn control_plane_bin() -> anyhow::Result<PathBuf> {
     let dir = String::from_utf8(out.stdout).context("build script printed non-UTF-8")?;
     Ok(PathBuf::from(dir.trim()))
 }
+
+/// `kubectl` of the control plane's Kubernetes version, built and cached beside
+/// `kube-apiserver` by `scripts/build-control-plane.sh` (so tests never depend on a kubectl
+/// the machine may or may not have).
+///
+/// # Errors
+/// The build script failed, or the folder it gave has no `kubectl`.
+pub fn kubectl() -> anyhow::Result<PathBuf> {
+    let path = control_plane_bin()?.join("kubectl");
+    if !path.is_file() {
+        bail!("{} is missing: run scripts/build-control-plane.sh", path.display());
+    }
+    Ok(path)
+}

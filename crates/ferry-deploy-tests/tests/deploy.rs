@@ -1,0 +1,296 @@
+//! Ferry's deployment files against a real API server (RBAC authorization on): every plain
+//! manifest and the Helm chart pass `kubectl apply --dry-run=server`, the chart's defaults
+//! render exactly the plain manifests, values reach the objects, and the agent's
+//! ServiceAccount may do exactly what the agent does (SubjectAccessReview).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use ferry_api::node_agent_config::NodeAgentConfig;
+use ferry_deploy_tests::{documents, helm_template, kubectl, kubectl_output, manifest_files, read};
+use ferry_testbed::{ControlPlane, VELERO_NAMESPACE};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+use serde_yaml::Value;
+
+const AGENT: &str = "system:serviceaccount:velero:ferry-agent";
+
+fn kind_and_name(doc: &Value) -> (String, String) {
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    (s(&doc["kind"]), s(&doc["metadata"]["name"]))
+}
+
+#[test]
+fn every_plain_manifest_passes_server_dry_run() -> anyhow::Result<()> {
+    let cp = ControlPlane::shared();
+    let mut kinds = Vec::new();
+    for file in manifest_files()? {
+        let path = file.to_string_lossy();
+        let out = kubectl(cp, &["apply", "--dry-run=server", "-f", &path], None)?;
+        assert!(out.contains("(server dry run)"), "{path}: {out}");
+        kinds.extend(documents(&read(&file)?)?.iter().map(|d| kind_and_name(d).0));
+    }
+    kinds.sort();
+    let expected = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    ];
+    assert_eq!(kinds, expected);
+    Ok(())
+}
+
+#[test]
+fn example_config_map_is_velero_node_agent_config() -> anyhow::Result<()> {
+    let file = ferry_deploy_tests::deploy_dir()?.join("manifests/node-agent-config.yaml");
+    let docs = documents(&read(&file)?)?;
+    let data: BTreeMap<String, String> = serde_yaml::from_value(docs[0]["data"].clone())?;
+    let config = NodeAgentConfig::from_config_map_data("node-agent-config", &data)?;
+    config.validate()?;
+    assert_eq!(config.unknown_keys(), Vec::<String>::new());
+    let big =
+        BTreeMap::from([("node.kubernetes.io/instance-type".to_owned(), "m5.4xlarge".to_owned())]);
+    assert_eq!(config.concurrency_for_node(&big), 4);
+    assert_eq!(config.concurrency_for_node(&BTreeMap::new()), 1);
+    Ok(())
+}
+
+/// Objects keyed by kind and name; a ConfigMap's JSON values parsed, so that formatting
+/// (helm's toPrettyJson orders keys) does not count.
+fn by_kind_and_name(docs: Vec<Value>) -> anyhow::Result<BTreeMap<(String, String), Value>> {
+    let mut objects = BTreeMap::new();
+    for mut doc in docs {
+        if doc["kind"] == "ConfigMap"
+            && let Some(data) = doc.get_mut("data").and_then(Value::as_mapping_mut)
+        {
+            for (_, v) in data.iter_mut() {
+                let json: serde_json::Value = serde_json::from_str(v.as_str().unwrap_or("?"))?;
+                *v = serde_yaml::to_value(json)?;
+            }
+        }
+        objects.insert(kind_and_name(&doc), doc);
+    }
+    Ok(objects)
+}
+
+#[test]
+fn chart_defaults_render_the_plain_manifests() -> anyhow::Result<()> {
+    let rendered = by_kind_and_name(documents(&helm_template(&[])?)?)?;
+    let mut plain = Vec::new();
+    for file in manifest_files()? {
+        plain.extend(documents(&read(&file)?)?);
+    }
+    let plain = by_kind_and_name(plain)?;
+    assert_eq!(rendered.keys().collect::<Vec<_>>(), plain.keys().collect::<Vec<_>>());
+    for (key, object) in &plain {
+        assert_eq!(
+            &rendered[key], object,
+            "{key:?} differs between the chart and deploy/manifests"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn chart_values_reach_the_objects_and_pass_server_dry_run() -> anyhow::Result<()> {
+    let cp = ControlPlane::shared();
+    let ns = cp.unique_namespace("ferry-chart").await?;
+    let dir = tempfile::tempdir()?;
+    let values = dir.path().join("values.yaml");
+    std::fs::write(
+        &values,
+        format!(
+            "namespace: {ns}
+image: {{repository: registry.example/ferry, tag: '1.2.3', pullPolicy: Always}}
+agent:
+  privileged: false
+  kubeletRoot: /var/lib/k0s/kubelet/
+  resources: {{requests: {{cpu: 250m, memory: 128Mi}}, limits: {{cpu: '1', memory: 1Gi}}}}
+nodeSelector: {{backup: 'yes'}}
+tolerations: [{{key: dedicated, operator: Equal, value: storage, effect: NoSchedule}}]
+priorityClassName: system-node-critical
+nodeAgentConfig: {{name: ferry-config, config: {{loadConcurrency: {{globalConfig: 3}}}}}}
+"
+        ),
+    )?;
+    let yaml = helm_template(&["--values", &values.to_string_lossy()])?;
+    let out = kubectl(cp, &["apply", "--dry-run=server", "-f", "-"], Some(&yaml))?;
+    assert_eq!(out.matches("(server dry run)").count(), 7, "{out}");
+
+    let objects = by_kind_and_name(documents(&yaml)?)?;
+    for ((kind, name), object) in &objects {
+        let namespaced = !kind.starts_with("Cluster");
+        let got = object["metadata"]["namespace"].as_str();
+        assert_eq!(got, namespaced.then_some(ns.as_str()), "{kind}/{name}");
+    }
+    let binding = &objects[&("ClusterRoleBinding".to_owned(), "ferry-agent".to_owned())];
+    assert_eq!(binding["subjects"][0]["namespace"].as_str(), Some(ns.as_str()));
+    let config = &objects[&("ConfigMap".to_owned(), "ferry-config".to_owned())];
+    assert_eq!(config["data"]["node-agent-config.json"]["loadConcurrency"]["globalConfig"], 3);
+
+    let pod =
+        &objects[&("DaemonSet".to_owned(), "ferry-agent".to_owned())]["spec"]["template"]["spec"];
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert_eq!(pod["nodeSelector"]["backup"], "yes");
+    assert_eq!(pod["tolerations"][0]["value"], "storage");
+    let agent = &pod["containers"][0];
+    assert_eq!(agent["image"], "registry.example/ferry:1.2.3");
+    assert_eq!(agent["imagePullPolicy"], "Always");
+    let env = agent["env"].as_sequence().context("env")?;
+    let image_env = env.iter().find(|e| e["name"] == "FERRY_IMAGE").context("FERRY_IMAGE")?;
+    assert_eq!(image_env["value"], agent["image"], "holding pods run the agent's image");
+    assert_eq!(agent["resources"]["limits"]["cpu"], "1");
+    let security = &agent["securityContext"];
+    assert_eq!(security["privileged"], false);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["capabilities"]["drop"][0], "ALL");
+    let args: Vec<_> = agent["args"].as_sequence().context("args")?.iter().collect();
+    assert_eq!(args, ["agent", "--kubelet-root", "/var/lib/k0s/kubelet"]);
+    let paths: Vec<_> = pod["volumes"]
+        .as_sequence()
+        .context("volumes")?
+        .iter()
+        .filter_map(|v| v["hostPath"]["path"].as_str())
+        .collect();
+    assert_eq!(paths, ["/var/lib/k0s/kubelet/pods"], "no /dev or plugins without privileges");
+    let mount = &agent["volumeMounts"][0];
+    assert_eq!(mount["mountPropagation"], "HostToContainer");
+    Ok(())
+}
+
+/// (verb, API group, resource, namespace or "" for cluster scope, allowed?)
+const EXPECTED_ACCESS: &[(&str, &str, &str, &str, bool)] = &[
+    ("get", "velero.io", "datauploads", "velero", true),
+    ("list", "velero.io", "datauploads", "velero", true),
+    ("watch", "velero.io", "datauploads", "velero", true),
+    ("update", "velero.io", "datauploads", "velero", true),
+    ("update", "velero.io", "datadownloads", "velero", true),
+    ("create", "velero.io", "datauploads", "velero", false),
+    ("delete", "velero.io", "datauploads", "velero", false),
+    ("patch", "velero.io", "datadownloads", "velero", false),
+    ("update", "velero.io", "datauploads", "workload", false),
+    ("get", "velero.io", "backupstoragelocations", "velero", true),
+    ("update", "velero.io", "backupstoragelocations", "velero", false),
+    ("watch", "velero.io", "deletebackuprequests", "velero", true),
+    ("get", "velero.io", "backups", "velero", true),
+    ("delete", "velero.io", "backups", "velero", false),
+    ("create", "coordination.k8s.io", "leases", "velero", true),
+    ("update", "coordination.k8s.io", "leases", "velero", true),
+    ("watch", "coordination.k8s.io", "leases", "velero", true),
+    ("delete", "coordination.k8s.io", "leases", "velero", false),
+    ("update", "coordination.k8s.io", "leases", "kube-node-lease", false),
+    ("create", "events.k8s.io", "events", "velero", true),
+    ("patch", "events.k8s.io", "events", "velero", true),
+    ("get", "", "secrets", "velero", true),
+    ("create", "", "secrets", "velero", true),
+    ("list", "", "secrets", "velero", false),
+    ("update", "", "secrets", "velero", false),
+    ("delete", "", "secrets", "velero", false),
+    ("get", "", "secrets", "workload", false),
+    ("create", "", "pods", "velero", true),
+    ("get", "", "pods", "velero", true),
+    ("delete", "", "pods", "velero", true),
+    ("list", "", "pods", "velero", false),
+    ("get", "", "pods", "workload", false),
+    ("delete", "", "pods", "workload", false),
+    ("create", "", "pods", "workload", false),
+    ("create", "", "persistentvolumeclaims", "velero", true),
+    ("delete", "", "persistentvolumeclaims", "velero", true),
+    ("get", "", "persistentvolumeclaims", "velero", true),
+    ("get", "", "persistentvolumeclaims", "workload", true),
+    ("delete", "", "persistentvolumeclaims", "workload", false),
+    ("update", "", "persistentvolumeclaims", "workload", false),
+    ("create", "snapshot.storage.k8s.io", "volumesnapshots", "velero", true),
+    ("get", "snapshot.storage.k8s.io", "volumesnapshots", "workload", true),
+    ("delete", "snapshot.storage.k8s.io", "volumesnapshots", "workload", true),
+    ("create", "snapshot.storage.k8s.io", "volumesnapshots", "workload", false),
+    ("create", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", true),
+    ("update", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", true),
+    ("delete", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", true),
+    ("list", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", false),
+    ("get", "", "persistentvolumes", "", true),
+    ("list", "", "persistentvolumes", "", true),
+    ("update", "", "persistentvolumes", "", true),
+    ("delete", "", "persistentvolumes", "", true),
+    ("create", "", "persistentvolumes", "", false),
+    ("get", "storage.k8s.io", "storageclasses", "", true),
+    ("update", "storage.k8s.io", "storageclasses", "", false),
+    ("get", "", "nodes", "", false),
+    ("get", "", "configmaps", "velero", false),
+    ("create", "", "events", "velero", false),
+    ("create", "rbac.authorization.k8s.io", "rolebindings", "velero", false),
+];
+
+async fn allowed(
+    reviews: &Api<SubjectAccessReview>,
+    (verb, group, resource, namespace): (&str, &str, &str, &str),
+) -> anyhow::Result<bool> {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(AGENT.to_owned()),
+            groups: Some(vec![
+                "system:serviceaccounts".to_owned(),
+                "system:serviceaccounts:velero".to_owned(),
+                "system:authenticated".to_owned(),
+            ]),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.to_owned()),
+                group: Some(group.to_owned()),
+                resource: Some(resource.to_owned()),
+                namespace: (!namespace.is_empty()).then(|| namespace.to_owned()),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let answer = reviews.create(&PostParams::default(), &review).await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+#[tokio::test]
+async fn the_agent_may_do_exactly_what_it_does() -> anyhow::Result<()> {
+    let cp = ControlPlane::shared();
+    assert_eq!(VELERO_NAMESPACE, "velero");
+    let dir = ferry_deploy_tests::deploy_dir()?.join("manifests");
+    for file in ["serviceaccount.yaml", "rbac-namespace.yaml", "rbac-cluster.yaml"] {
+        kubectl(cp, &["apply", "-f", &dir.join(file).to_string_lossy()], None)?;
+    }
+    let reviews: Api<SubjectAccessReview> = Api::all(cp.client()?);
+    // The authorizer learns of new bindings through its informers: wait, boundedly.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !allowed(&reviews, ("update", "velero.io", "datauploads", "velero")).await? {
+        if Instant::now() > deadline {
+            bail!("the agent's RoleBinding never took effect");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut wrong = Vec::new();
+    for &(verb, group, resource, namespace, expected) in EXPECTED_ACCESS {
+        let got = allowed(&reviews, (verb, group, resource, namespace)).await?;
+        if got != expected {
+            wrong.push(format!("{verb} {group}/{resource} in {namespace:?}: {got}"));
+        }
+    }
+    assert!(wrong.is_empty(), "unexpected access:\n{}", wrong.join("\n"));
+
+    // The same answer through `kubectl auth can-i`, as an operator would check it.
+    let as_agent = format!("--as={AGENT}");
+    let out = kubectl(cp, &["auth", "can-i", "delete", "pods", "-n", "velero", &as_agent], None)?;
+    assert_eq!(out.trim(), "yes");
+    let out = kubectl_output(
+        cp,
+        &["auth", "can-i", "delete", "secrets", "-n", "velero", &as_agent],
+        None,
+    )?;
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no");
+    assert!(!out.status.success(), "kubectl auth can-i exits non-zero for no");
+    Ok(())
+}
