@@ -19,7 +19,7 @@ use crate::jobs::Jobs;
 use crate::liveness::{self, Liveness};
 use crate::reconcile::{error_policy, reconcile};
 use crate::resource::MoverCr;
-use crate::{AgentConfig, AgentError, Backends};
+use crate::{AgentConfig, AgentError, Backends, Metrics};
 
 /// How long the controllers get to finish running reconciles after shutdown starts.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -30,6 +30,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub struct Agent {
     node: String,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
 }
@@ -91,11 +92,24 @@ impl Agent {
             slots: Arc::new(Semaphore::new(config.concurrency)),
             tracker: tracker.clone(),
             shutdown: shutdown.clone(),
+            metrics: Metrics::new(&config.node_name),
         };
         spawn_controller::<DataUpload>(&shared);
         spawn_controller::<DataDownload>(&shared);
         tracing::info!(node = %config.node_name, data_mover = %config.data_mover, "agent started");
-        Ok(Self { node: config.node_name, shutdown, tracker })
+        Ok(Self { node: config.node_name, metrics: Arc::clone(&shared.metrics), shutdown, tracker })
+    }
+
+    /// The agent's Prometheus metrics.
+    #[must_use]
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.metrics)
+    }
+
+    /// Whether the agent's controllers are running (not stopping).
+    #[must_use]
+    pub fn is_running(&self) -> bool {
+        !self.shutdown.is_cancelled()
     }
 
     /// The node this agent runs for.
@@ -132,6 +146,7 @@ struct Shared {
     slots: Arc<Semaphore>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
+    metrics: Arc<Metrics>,
 }
 
 fn spawn_controller<C: MoverCr>(shared: &Shared) {
@@ -146,6 +161,7 @@ fn spawn_controller<C: MoverCr>(shared: &Shared) {
         jobs: Jobs::default(),
         tracker: shared.tracker.clone(),
         shutdown: shared.shutdown.clone(),
+        metrics: Arc::clone(&shared.metrics),
     });
     let stop = shared.shutdown.clone();
     let node = shared.config.node_name.clone();

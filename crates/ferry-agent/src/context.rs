@@ -27,6 +27,7 @@ pub(crate) struct Ctx<C: MoverCr> {
     pub jobs: Jobs,
     pub tracker: TaskTracker,
     pub shutdown: CancellationToken,
+    pub metrics: Arc<crate::Metrics>,
 }
 
 impl<C: MoverCr> Ctx<C> {

@@ -1,17 +1,22 @@
 //! `ferry agent`: one node's DataUpload/DataDownload controllers with the CSI exposers and the
 //! repository data path; and `ferry hold`, what the pods holding exposed volumes run.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use ferry_agent::{Agent, AgentConfig, Backends};
 use ferry_api::GoDuration;
+use ferry_api::k8s_openapi::api::core::v1::{ConfigMap, Node};
+use ferry_api::node_agent_config::NodeAgentConfig;
 use ferry_expose::{CsiBackupExposer, CsiRestoreExposer, ExposerConfig};
 use ferry_mover::{BslRepositories, FixedRepository, RepoMover, RepositorySource};
 use ferry_repo::{InitOptions, Repository};
+use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::RepoArgs;
@@ -65,6 +70,41 @@ pub struct AgentArgs {
     /// A file holding the password of `--repo` (else `FERRY_PASSWORD`).
     #[arg(long)]
     pub password_file: Option<PathBuf>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    #[arg(long, default_value = "0.0.0.0:8085")]
+    pub metrics_address: std::net::SocketAddr,
+    /// Velero's node-agent ConfigMap (in `--namespace`) to read concurrency, backup/restore
+    /// PVC and pod settings from; `--concurrency` applies when it gives none.
+    #[arg(long)]
+    pub config_map: Option<String>,
+}
+
+/// Reads Velero's node-agent ConfigMap and the node's labels (for per-node concurrency).
+async fn node_agent_config(
+    client: &kube::Client,
+    args: &AgentArgs,
+    name: &str,
+) -> anyhow::Result<(NodeAgentConfig, BTreeMap<String, String>)> {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
+    let map = maps
+        .get(name)
+        .await
+        .with_context(|| format!("reading ConfigMap {}/{name}", args.namespace))?;
+    let config = NodeAgentConfig::from_config_map_data(name, &map.data.unwrap_or_default())
+        .with_context(|| format!("ConfigMap {}/{name}", args.namespace))?;
+    config.validate().with_context(|| format!("ConfigMap {}/{name}", args.namespace))?;
+    for key in config.unknown_keys() {
+        tracing::warn!(configmap = name, %key, "unknown key ignored");
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    let labels = match nodes.get(&args.node_name).await {
+        Ok(node) => node.metadata.labels.unwrap_or_default(),
+        Err(e) => {
+            tracing::warn!(node = %args.node_name, error = %e, "cannot read the node's labels; per-node concurrency rules will not match");
+            BTreeMap::new()
+        }
+    };
+    Ok((config, labels))
 }
 
 pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
@@ -92,6 +132,29 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     exposer.namespace.clone_from(&args.namespace);
     exposer.kubelet_root.clone_from(&args.kubelet_root);
     exposer.unschedulable_grace = args.unschedulable_grace;
+    let mut concurrency = args.concurrency;
+    if let Some(name) = &args.config_map {
+        let (config, labels) = node_agent_config(&client, args, name).await?;
+        if config.load_concurrency.is_some() {
+            concurrency = config.concurrency_for_node(&labels);
+        }
+        for (class, pvc) in &config.backup_pvc {
+            if !pvc.storage_class.is_empty() {
+                exposer.backup_storage_class.insert(class.clone(), pvc.storage_class.clone());
+            }
+            if pvc.read_only {
+                exposer.backup_read_only.push(
+                    if pvc.storage_class.is_empty() { class } else { &pvc.storage_class }.clone(),
+                );
+            }
+        }
+        exposer.ignore_delay_binding =
+            config.restore_pvc.as_ref().is_some_and(|r| r.ignore_delay_binding);
+        if !config.priority_class_name.is_empty() {
+            exposer.priority_class_name = Some(config.priority_class_name.clone());
+        }
+        eprintln!("ferry agent: configuration from ConfigMap {name}: concurrency {concurrency}");
+    }
     let backends = Backends {
         upload_exposer: Arc::new(CsiBackupExposer::new(client.clone(), exposer.clone())),
         download_exposer: Arc::new(CsiRestoreExposer::new(client.clone(), exposer)),
@@ -100,17 +163,33 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     let mut config = AgentConfig::new(args.node_name.clone());
     config.namespace.clone_from(&args.namespace);
     config.data_mover.clone_from(&args.data_mover);
-    config.concurrency = args.concurrency;
+    config.concurrency = concurrency;
     config.progress_interval = args.progress_interval;
     config.prepare_timeout = args.prepare_timeout;
     config.lease_duration = args.lease_duration;
     let agent = Agent::start(client, config, backends).await.context("starting the agent")?;
+    let ready = Arc::new(AtomicBool::new(true));
+    let server_stop = CancellationToken::new();
+    let server = tokio::spawn(crate::serve::serve(
+        args.metrics_address,
+        agent.metrics(),
+        Arc::clone(&ready),
+        server_stop.clone(),
+    ));
     tracing::info!(node = %args.node_name, "agent running");
-    eprintln!("ferry agent: running on node {} (namespace {})", args.node_name, args.namespace);
-    cancel.cancelled().await;
+    eprintln!(
+        "ferry agent: running on node {} (namespace {}); metrics and health on {}",
+        args.node_name, args.namespace, args.metrics_address
+    );
+    let served = tokio::select! {
+        () = cancel.cancelled() => Ok(()),
+        result = server => result.context("metrics server task")?,
+    };
     eprintln!("ferry agent: stopping");
+    ready.store(false, Ordering::Relaxed);
     agent.shutdown().await;
-    Ok(())
+    server_stop.cancel();
+    served
 }
 
 /// Waits until stopped: the holding pods' only job is to keep a volume attached and mounted.

@@ -9,6 +9,7 @@ mod password;
 mod plugin_cmd;
 mod progress;
 mod repo_cmds;
+mod serve;
 mod volume_cmds;
 
 use std::process::ExitCode;

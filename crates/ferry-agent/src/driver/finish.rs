@@ -79,6 +79,7 @@ pub(super) async fn fail<C: MoverCr>(
     .await?;
     if let Some(failed) = written {
         tracing::warn!(kind = C::KIND, %name, node = ctx.me(), %message, "failed");
+        ctx.metrics.outcome(C::KIND, crate::metrics::Outcome::Failure);
         ctx.events.warning(&failed, "Failed", message).await;
     }
     Ok(())
@@ -107,6 +108,7 @@ pub(super) async fn complete<C: MoverCr>(
     if let Some(done) = written {
         let summary = C::describe_outcome(outcome);
         tracing::info!(kind = C::KIND, %name, node = ctx.me(), %summary, "completed");
+        ctx.metrics.outcome(C::KIND, crate::metrics::Outcome::Success);
         ctx.events.normal(&done, "Completed", format!("{summary} on node {}", ctx.me())).await;
     }
     Ok(())
@@ -159,6 +161,7 @@ pub(super) async fn finish_cancel<C: MoverCr>(ctx: &Ctx<C>, cr: C) -> Result<(),
     .await?;
     if let Some(canceled) = written {
         tracing::info!(kind = C::KIND, %name, node = ctx.me(), "canceled");
+        ctx.metrics.outcome(C::KIND, crate::metrics::Outcome::Cancel);
         ctx.events.normal(&canceled, "Canceled", message).await;
     }
     Ok(())

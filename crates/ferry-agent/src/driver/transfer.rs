@@ -45,6 +45,8 @@ pub(super) async fn move_data<C: MoverCr>(
     let Some(cr) = start(ctx, cr, resume, &volume).await? else { return Ok(()) };
 
     let progress = ProgressSink::new();
+    let _running = ctx.metrics.running(C::KIND);
+    let started = std::time::Instant::now();
     let writer_stop = CancellationToken::new();
     let writer = tokio::spawn(write_progress(
         Arc::clone(ctx),
@@ -55,11 +57,19 @@ pub(super) async fn move_data<C: MoverCr>(
     ));
     let mover = &*ctx.backends.mover;
     let result =
-        until_canceled(C::move_data(mover, &cr, &volume, progress, work.clone()), work).await;
+        until_canceled(C::move_data(mover, &cr, &volume, progress.clone(), work.clone()), work)
+            .await;
     writer_stop.cancel();
     if let Err(e) = writer.await {
         tracing::warn!(kind = C::KIND, %name, error = %e, "progress writer ended abnormally");
     }
+    let outcome_kind = match &result {
+        Ok(_) => crate::metrics::Outcome::Success,
+        Err(WorkError::Canceled) => crate::metrics::Outcome::Cancel,
+        Err(_) if work.is_cancelled() => crate::metrics::Outcome::Cancel,
+        Err(_) => crate::metrics::Outcome::Failure,
+    };
+    ctx.metrics.moved(C::KIND, progress.snapshot().bytes_done, started.elapsed(), outcome_kind);
     match result {
         Ok(outcome) => {
             let exposer = C::exposer(&ctx.backends);
