@@ -152,7 +152,10 @@ nodeAgentConfig: {{name: ferry-config, config: {{loadConcurrency: {{globalConfig
     assert_eq!(security["allowPrivilegeEscalation"], false);
     assert_eq!(security["capabilities"]["drop"][0], "ALL");
     let args: Vec<_> = agent["args"].as_sequence().context("args")?.iter().collect();
-    assert_eq!(args, ["agent", "--kubelet-root", "/var/lib/k0s/kubelet"]);
+    assert_eq!(
+        args,
+        ["agent", "--kubelet-root", "/var/lib/k0s/kubelet", "--config-map", "ferry-config"]
+    );
     let paths: Vec<_> = pod["volumes"]
         .as_sequence()
         .context("volumes")?
@@ -222,8 +225,13 @@ const EXPECTED_ACCESS: &[(&str, &str, &str, &str, bool)] = &[
     ("create", "", "persistentvolumes", "", false),
     ("get", "storage.k8s.io", "storageclasses", "", true),
     ("update", "storage.k8s.io", "storageclasses", "", false),
-    ("get", "", "nodes", "", false),
-    ("get", "", "configmaps", "velero", false),
+    ("get", "", "nodes", "", true),
+    ("list", "", "nodes", "", false),
+    ("update", "", "nodes", "", false),
+    ("get", "", "configmaps", "velero", true),
+    ("list", "", "configmaps", "velero", false),
+    ("update", "", "configmaps", "velero", false),
+    ("get", "", "configmaps", "workload", false),
     ("create", "", "events", "velero", false),
     ("create", "rbac.authorization.k8s.io", "rolebindings", "velero", false),
 ];
