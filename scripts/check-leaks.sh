@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Fails when the test suite left processes or temp dirs behind. Test binaries kill their
-# services on exit; a janitor removes their temp dirs within a second or two after.
+# Fails when the test suite left processes, temp dirs, loop devices or mounts behind. Test
+# binaries kill their services on exit; janitors remove their temp dirs, mounts and loop devices
+# within a second or two after.
 set -euo pipefail
-for _ in $(seq 1 10); do
+tmp="${TMPDIR:-/tmp}"
+for _ in $(seq 1 15); do
   procs="$(pgrep -a -x 'etcd|kube-apiserver|moto_server' || true)"
-  dirs="$(find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'ferry-testbed-*' 2>/dev/null || true)"
-  [[ -z "$procs" && -z "$dirs" ]] && { echo "check-leaks: no leftover processes or temp dirs"; exit 0; }
+  dirs="$(find "$tmp" -maxdepth 1 \( -name 'ferry-testbed-*' -o -name 'ferry-sim-*' \) 2>/dev/null || true)"
+  loops="$(losetup -n -l -O NAME,BACK-FILE 2>/dev/null | grep -F "$tmp/ferry-sim-" || true)"
+  mounts="$(awk '{print $5}' /proc/self/mountinfo | grep -F "$tmp/ferry-sim-" || true)"
+  janitors="$(pgrep -a -f 'ferry-sim-janitor' || true)"
+  if [[ -z "$procs$dirs$loops$mounts$janitors" ]]; then
+    echo "check-leaks: no leftover processes, temp dirs, loop devices or mounts"
+    exit 0
+  fi
   sleep 1
 done
 echo "check-leaks: the test suite left these behind:" >&2
-[[ -n "$procs" ]] && echo "$procs" >&2
-[[ -n "$dirs" ]] && echo "$dirs" >&2
+for what in procs dirs loops mounts janitors; do
+  [[ -n "${!what}" ]] && { echo "$what:"; echo "${!what}"; } >&2
+done
 exit 1
