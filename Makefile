@@ -8,7 +8,7 @@ export CGO_ENABLED := 0
 
 ## make test: formatting check, clippy with warnings as errors, every test, a short fuzz run.
 test: fmt-check clippy control-plane
-	$(CARGO) test --workspace --locked --all-targets
+	$(CARGO) test --workspace --locked --all-targets --no-fail-fast
 	scripts/check-leaks.sh
 	scripts/fuzz.sh 8
 
