@@ -10,8 +10,10 @@
 //! - [`RepoMover`]: the [`ferry_agent::DataMover`] that backs a volume up into that
 //!   repository (incremental against the last snapshot of the same PVC, resuming from what an
 //!   interrupted upload left) and restores a snapshot into a volume.
+//! - [`deletion`]: the snapshots of deleted backups forgotten and their space reclaimed.
 
 mod bsl;
+pub mod deletion;
 mod error;
 mod mover;
 mod source;

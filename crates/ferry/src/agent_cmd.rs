@@ -70,6 +70,9 @@ pub struct AgentArgs {
     /// A file holding the password of `--repo` (else `FERRY_PASSWORD`).
     #[arg(long)]
     pub password_file: Option<PathBuf>,
+    /// How often the snapshots of deleted backups are looked for (Go duration).
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub deletion_interval: Duration,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     #[arg(long, default_value = "0.0.0.0:8085")]
     pub metrics_address: std::net::SocketAddr,
@@ -158,7 +161,7 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     let backends = Backends {
         upload_exposer: Arc::new(CsiBackupExposer::new(client.clone(), exposer.clone())),
         download_exposer: Arc::new(CsiRestoreExposer::new(client.clone(), exposer)),
-        mover: Arc::new(RepoMover::new(repos)),
+        mover: Arc::new(RepoMover::new(Arc::clone(&repos))),
     };
     let mut config = AgentConfig::new(args.node_name.clone());
     config.namespace.clone_from(&args.namespace);
@@ -167,7 +170,16 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     config.progress_interval = args.progress_interval;
     config.prepare_timeout = args.prepare_timeout;
     config.lease_duration = args.lease_duration;
+    let client_for_deletions = client.clone();
     let agent = Agent::start(client, config, backends).await.context("starting the agent")?;
+    let deletions = tokio::spawn(ferry_mover::deletion::keep_forgetting(
+        client_for_deletions,
+        args.namespace.clone(),
+        args.data_mover.clone(),
+        repos,
+        args.deletion_interval,
+        cancel.clone(),
+    ));
     let ready = Arc::new(AtomicBool::new(true));
     let server_stop = CancellationToken::new();
     let server = tokio::spawn(crate::serve::serve(
@@ -189,6 +201,7 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     ready.store(false, Ordering::Relaxed);
     agent.shutdown().await;
     server_stop.cancel();
+    deletions.abort();
     served
 }
 
