@@ -91,6 +91,7 @@ impl World {
             .arg(&root)
             .args(["--progress-interval", "1s", "--lease-duration", "6s"])
             .args(["--unschedulable-grace", "20s", "--concurrency", "2"])
+            .args(["--metrics-address", "127.0.0.1:0", "--deletion-interval", "2s"])
             .env("KUBECONFIG", ControlPlane::shared().kubeconfig())
             .env("FERRY_LOG", "info,kube=warn,tower=warn,hyper=warn,aws=warn")
             .env("AWS_EC2_METADATA_DISABLED", "true")

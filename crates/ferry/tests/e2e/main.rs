@@ -4,5 +4,6 @@
 
 mod backup_restore;
 mod cancel;
+mod deletion;
 mod harness;
 mod recovery;
