@@ -7,12 +7,13 @@ use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
-use ferry_api::{DataDownload, DataUpload, VolumeSnapshot};
+use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use ferry_api::k8s_openapi::api::events::v1::Event;
+use ferry_api::{DataDownload, DataUpload, VolumeSnapshot, VolumeSnapshotContent};
 use ferry_sim::{Binding, NodeSim, SimConfig, VolumeMode};
 use ferry_testbed::process::{self, Guarded};
 use ferry_testbed::{ControlPlane, S3Server, VELERO_NAMESPACE};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -225,13 +226,27 @@ impl World {
         from: &DataUpload,
         mode: &str,
     ) -> Result<DataDownload, Box<dyn std::error::Error>> {
+        self.create_target_pvc(target_ns, target, size, mode, Binding::Immediate).await?;
+        self.create_data_download_for(restore, target_ns, target, from).await
+    }
+
+    /// A target PVC as Velero's restore leaves it (no volumeName, the dynamic-pv-restore
+    /// selector) in the simulator's class for `binding`.
+    pub async fn create_target_pvc(
+        &self,
+        target_ns: &str,
+        target: &str,
+        size: &str,
+        mode: &str,
+        binding: Binding,
+    ) -> Result<PersistentVolumeClaim, Box<dyn std::error::Error>> {
         let selector = format!("{target_ns}.{target}.{}", &suffix()[..6]);
         let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": { "name": target, "namespace": target_ns },
             "spec": {
                 "accessModes": ["ReadWriteOnce"],
-                "storageClassName": self.sim().storage_class(Binding::Immediate),
+                "storageClassName": self.sim().storage_class(binding),
                 "volumeMode": mode,
                 "resources": { "requests": { "storage": size } },
                 "selector": { "matchLabels": {
@@ -240,7 +255,20 @@ impl World {
             },
         }))?;
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), target_ns);
-        let pvc = pvcs.create(&PostParams::default(), &pvc).await?;
+        Ok(pvcs.create(&PostParams::default(), &pvc).await?)
+    }
+
+    /// A DataDownload restoring `from` into the existing PVC `target_ns/target`, exactly as
+    /// Velero's CSI plugin creates it.
+    pub async fn create_data_download_for(
+        &self,
+        restore: &str,
+        target_ns: &str,
+        target: &str,
+        from: &DataUpload,
+    ) -> Result<DataDownload, Box<dyn std::error::Error>> {
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), target_ns);
+        let pvc = pvcs.get(target).await?;
         let status = from.status.clone().unwrap_or_default();
         let restore_uid = format!("{}-0000-4000-8000-000000000002", suffix());
         let pvc_uid = pvc.uid().unwrap_or_default();
@@ -270,6 +298,95 @@ impl World {
         }))?;
         let api: Api<DataDownload> = Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
         Ok(api.create(&PostParams::default(), &dd).await?)
+    }
+
+    /// The Events Ferry's agents published on the CR `name` in Velero's namespace, as
+    /// `(reason, note, count)` (a repeated Event counts each occurrence of its series).
+    pub async fn ferry_events(
+        &self,
+        name: &str,
+    ) -> Result<Vec<(String, String, i32)>, Box<dyn std::error::Error>> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
+        let list = api.list(&ListParams::default()).await?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .filter(|e| e.reporting_controller.as_deref() == Some("ferry-agent"))
+            .map(|e| {
+                let count = e.series.as_ref().map_or(1, |s| s.count);
+                (e.reason.unwrap_or_default(), e.note.unwrap_or_default(), count)
+            })
+            .collect())
+    }
+
+    /// Ferry's objects for CR `name` still present (pods, PVCs, VolumeSnapshots in Velero's
+    /// namespace, VolumeSnapshotContents), after giving deletion up to 20 s to finish.
+    pub async fn leftovers_of(&self, name: &str) -> Result<Vec<String>, kube::Error> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
+        let pvcs: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
+        let snaps: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
+        let contents: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
+        let mut left = Vec::new();
+        for _ in 0..100 {
+            left.clear();
+            if pods.get_opt(name).await?.is_some() {
+                left.push(format!("pod {name}"));
+            }
+            if pvcs.get_opt(name).await?.is_some() {
+                left.push(format!("PVC {name}"));
+            }
+            if snaps.get_opt(name).await?.is_some() {
+                left.push(format!("VolumeSnapshot {name}"));
+            }
+            if contents.get_opt(name).await?.is_some() {
+                left.push(format!("VolumeSnapshotContent {name}"));
+            }
+            if left.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(left)
+    }
+
+    /// The snapshots in this world's repository for the source namespace, listed by
+    /// `ferry snapshots --json` (each a JSON object with `id`, `tags`, ...).
+    pub async fn repo_snapshots(
+        &self,
+    ) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
+        let secret = secrets.get("velero-repo-credentials").await?;
+        let password = secret
+            .data
+            .and_then(|d| d.get("repository-password").cloned())
+            .ok_or("velero-repo-credentials has no repository-password")?;
+        let dir = tempfile::tempdir()?;
+        let password_file = dir.path().join("password");
+        std::fs::write(&password_file, &password.0)?;
+        let bucket = self.mover.replacen("ferry-", "e2e-", 1);
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["snapshots", "--json", "--repo"])
+            .arg(format!("s3://{bucket}/velero/ferry/{}", self.ns))
+            .arg("--password-file")
+            .arg(&password_file)
+            .args(["--s3-endpoint", S3Server::shared().endpoint(), "--s3-region", "us-east-1"])
+            .env("AWS_ACCESS_KEY_ID", "ferry-e2e")
+            .env("AWS_SECRET_ACCESS_KEY", "ferry-e2e-secret")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await?;
+        if !out.status.success() {
+            return Err(format!(
+                "ferry snapshots failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
     }
 
     /// Polls CR `name` until `done` says so; fails with the agents' logs after [`WAIT`].

@@ -6,4 +6,7 @@ mod backup_restore;
 mod cancel;
 mod deletion;
 mod harness;
+mod many_uploads;
 mod recovery;
+mod restore_targets;
+mod upload_edges;
