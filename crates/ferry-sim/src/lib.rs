@@ -50,6 +50,7 @@ mod reconcile;
 mod select;
 mod setup;
 mod sim;
+pub mod velero;
 mod wait;
 mod workload;
 

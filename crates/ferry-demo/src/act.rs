@@ -1,0 +1,291 @@
+//! The demo's story, step by step: a cluster comes up, an application's volume is backed up
+//! through a DataUpload, changed and backed up again incrementally, restored through a
+//! DataDownload into a new PVC and compared with what it held.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use ferry_api::{DataDownload, DataUpload};
+use ferry_sim::{Binding, VolumeMode};
+use ferry_testbed::VELERO_NAMESPACE;
+use kube::ResourceExt;
+use kube::api::Api;
+
+use crate::dataset;
+use crate::watch::{self, Finished, Watched};
+use crate::world::{ACCESS_KEY, SECRET_KEY, World};
+
+/// How long the simulator gets for a snapshot or a volume to be ready.
+const READY: Duration = Duration::from_secs(120);
+/// The application volume's PVC.
+const PVC: &str = "orders-data";
+/// The PVC the restore fills.
+const RESTORED: &str = "orders-data-restored";
+
+/// What the user asked for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub ferry: std::path::PathBuf,
+    pub size_mib: u64,
+    pub files: usize,
+}
+
+/// One finished transfer, for the summary.
+#[derive(Debug, Clone)]
+pub struct Transfer {
+    pub what: &'static str,
+    pub name: String,
+    pub node: String,
+    pub bytes: u64,
+    pub incremental: Option<u64>,
+    pub snapshot: String,
+    pub elapsed: Duration,
+    pub moving: Duration,
+}
+
+/// The demo's result.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub transfers: Vec<Transfer>,
+    pub files: usize,
+    pub bytes: u64,
+    pub differences: Vec<String>,
+}
+
+struct Steps {
+    n: usize,
+    start: Instant,
+}
+
+impl Steps {
+    fn say(&mut self, what: &str) {
+        self.n += 1;
+        println!(
+            "\n\x1b[1m[{:>5.1}s] {}. {what}\x1b[0m",
+            self.start.elapsed().as_secs_f64(),
+            self.n
+        );
+    }
+}
+
+pub fn mb(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
+/// Runs the whole story in `world` (which the caller tears down, whatever happens).
+///
+/// # Errors
+/// Any step failed; the message names it.
+pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyhow::Result<()> {
+    let mut steps = Steps { n: 0, start: Instant::now() };
+
+    steps.say("A local Kubernetes control plane: kube-apiserver + etcd, Velero's and the CSI snapshot CRDs");
+    let cp = world.start_control_plane().await?;
+    println!("  API server at {}", cp.url());
+
+    steps.say("An S3 server (moto) with a bucket for backups");
+    let s3 = world.start_s3()?;
+    println!("  S3 at {}, bucket {}", s3.endpoint(), crate::world::BUCKET);
+
+    steps.say("Three simulated nodes: kubelet, scheduler, CSI driver with loop devices and ext4");
+    let sim = world.start_sim().await?;
+    println!(
+        "  nodes {}, storage class {}",
+        sim.nodes().join(", "),
+        sim.storage_class(Binding::Immediate)
+    );
+
+    steps.say("Velero's BackupStorageLocation, and a `ferry agent` on every node");
+    world.create_bsl().await?;
+    world.start_agents(&opts.ferry)?;
+    for (node, agent) in &world.agents {
+        println!("  ferry agent on {node}: pid {}", agent.pid());
+    }
+
+    steps.say(&format!(
+        "An application volume: PVC {PVC} with {} MiB in about {} files",
+        opts.size_mib, opts.files
+    ));
+    let tree = dataset::generate(opts.size_mib, opts.files, 2025);
+    let size = format!("{}Mi", opts.size_mib * 3 / 2 + 64);
+    let sim = world.sim()?;
+    let ns = world.namespace.clone();
+    sim.create_pvc(&ns, PVC, &size, VolumeMode::Filesystem, Binding::Immediate).await?;
+    sim.wait_pvc_bound(&ns, PVC, READY).await?;
+    sim.write_files(&ns, PVC, &tree).await.context("writing the data set")?;
+    let (files, bytes) = dataset::count(&tree);
+    println!("  namespace {ns}: {files} files, {} written ({size} volume)", mb(bytes));
+
+    steps.say("Backup: a VolumeSnapshot and a DataUpload, as Velero's CSI plugin makes them");
+    let first = backup(world, "nightly-1", "orders-snap-1").await?;
+    print_transfer(&first);
+    report.transfers.push(first.clone());
+
+    steps.say(
+        "A day of changes: three logs grow, 1 MiB of the database is rewritten, a new document",
+    );
+    let (changed, after) = dataset::change(&tree, 7);
+    world.sim()?.write_files(&ns, PVC, &changed).await.context("changing the data")?;
+    println!("  {} entries changed", changed.entries.len());
+
+    steps.say("Second backup: incremental against the first snapshot");
+    let second = backup(world, "nightly-2", "orders-snap-2").await?;
+    print_transfer(&second);
+    report.transfers.push(second.clone());
+
+    steps.say(&format!("Restore: a new PVC {RESTORED} and a DataDownload of the second snapshot"));
+    let velero = world.velero()?;
+    velero
+        .create_restore_pvc(
+            world.sim()?,
+            &ns,
+            RESTORED,
+            &size,
+            VolumeMode::Filesystem,
+            Binding::Immediate,
+        )
+        .await?;
+    let du = second_upload(world, &second.name).await?;
+    let dd = velero.create_data_download("restore-nightly-2", &ns, RESTORED, &du).await?;
+    let restored = follow::<DataDownload>(world, &dd.name_any()).await?;
+    let restore = transfer("restore", &restored, None, second.snapshot.clone());
+    print_transfer(&restore);
+    report.transfers.push(restore);
+
+    steps.say("Comparison of the restored volume with the source, file by file");
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(world.client()?, &ns);
+    let bound = pvcs.get(RESTORED).await?;
+    let pv = bound.spec.and_then(|s| s.volume_name).unwrap_or_default();
+    println!("  {RESTORED} is bound to {pv}");
+    let got =
+        world.sim()?.read_files(&ns, RESTORED).await.context("reading the restored volume")?;
+    (report.files, report.bytes) = dataset::count(&got);
+    report.differences = dataset::differences(&after, &got, 20);
+    if report.differences.is_empty() {
+        println!(
+            "  identical: {} files, {}, modes, owners and times",
+            report.files,
+            mb(report.bytes)
+        );
+    } else {
+        for d in &report.differences {
+            println!("  DIFFERENT: {d}");
+        }
+    }
+
+    steps.say("The repository, read with the ferry CLI: snapshots, and every stored byte verified");
+    repository(world, &opts.ferry).await?;
+    Ok(())
+}
+
+async fn backup(world: &mut World, name: &str, snapshot: &str) -> anyhow::Result<Transfer> {
+    let ns = world.namespace.clone();
+    let sim = world.sim()?;
+    sim.snapshot_pvc(&ns, PVC, snapshot).await?;
+    sim.wait_snapshot_ready(&ns, snapshot, READY).await?;
+    let du = world.velero()?.create_data_upload(sim, name, &ns, PVC, snapshot).await?;
+    println!("  VolumeSnapshot {snapshot} ready; DataUpload {} created", du.name_any());
+    let done = follow::<DataUpload>(world, &du.name_any()).await?;
+    let status = done.object.status.clone().unwrap_or_default();
+    let incremental = u64::try_from(status.incremental_bytes).unwrap_or(0);
+    Ok(transfer("backup", &done, Some(incremental), status.snapshot_id))
+}
+
+async fn follow<K: Watched>(world: &mut World, name: &str) -> anyhow::Result<Finished<K>> {
+    let client = world.client()?;
+    let result = watch::follow::<K>(client, name, || {
+        let dead = world.dead_agents();
+        if dead.is_empty() { Ok(()) } else { bail!("ferry agent exited on {}", dead.join(", ")) }
+    })
+    .await;
+    result.with_context(|| format!("following {} {name}", K::kind(&())))
+}
+
+async fn second_upload(world: &World, name: &str) -> anyhow::Result<DataUpload> {
+    let api: Api<DataUpload> = Api::namespaced(world.client()?, VELERO_NAMESPACE);
+    Ok(api.get(name).await?)
+}
+
+fn transfer<K: Watched>(
+    what: &'static str,
+    done: &Finished<K>,
+    incremental: Option<u64>,
+    snapshot: String,
+) -> Transfer {
+    Transfer {
+        what,
+        name: done.object.name_any(),
+        node: done.status.node.clone(),
+        bytes: done.status.total,
+        incremental,
+        snapshot,
+        elapsed: done.elapsed,
+        moving: done.moving,
+    }
+}
+
+pub fn rate(t: &Transfer) -> String {
+    let secs = t.moving.as_secs_f64().max(0.001);
+    format!("{:.1} MB/s", t.bytes as f64 / secs / 1e6)
+}
+
+fn print_transfer(t: &Transfer) {
+    let new =
+        t.incremental.map(|b| format!(", {} new to the repository", mb(b))).unwrap_or_default();
+    println!(
+        "  {} Completed on {} in {:.1}s: {}{new}, {} while moving; snapshot {}",
+        t.name,
+        t.node,
+        t.elapsed.as_secs_f64(),
+        mb(t.bytes),
+        rate(t),
+        t.snapshot
+    );
+}
+
+/// `ferry snapshots` and `ferry check --read-data` on the namespace's repository, with the
+/// password the agents keep in Velero's `velero-repo-credentials` secret.
+async fn repository(world: &World, ferry: &Path) -> anyhow::Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(world.client()?, VELERO_NAMESPACE);
+    let secret = secrets.get("velero-repo-credentials").await?;
+    let password = secret
+        .data
+        .and_then(|d| d.get("repository-password").cloned())
+        .context("velero-repo-credentials has no repository-password")?;
+    let dir = tempfile::Builder::new().prefix("ferry-demo-").tempdir()?;
+    let password_file = dir.path().join("password");
+    std::fs::write(&password_file, &password.0)?;
+    let repo = world.repository();
+    println!("  repository {repo}");
+    for args in [&["snapshots"][..], &["check", "--read-data"][..]] {
+        println!("  $ ferry {} --repo {repo}", args.join(" "));
+        let status = tokio::process::Command::new(ferry)
+            .args(args)
+            .arg("--repo")
+            .arg(&repo)
+            .arg("--password-file")
+            .arg(&password_file)
+            .args(["--s3-endpoint", world.s3()?.endpoint(), "--s3-region", "us-east-1"])
+            .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .status()
+            .await
+            .with_context(|| format!("running {}", ferry.display()))?;
+        if !status.success() {
+            bail!("ferry {} failed: {status}", args.join(" "));
+        }
+    }
+    Ok(())
+}
+
+/// Whether every transfer completed and the restored tree is the source's.
+#[must_use]
+pub fn verdict(report: &Report) -> bool {
+    report.differences.is_empty() && report.transfers.len() == 3
+}

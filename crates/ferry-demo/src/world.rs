@@ -1,0 +1,190 @@
+//! The demo's cluster: a control plane, moto, the node simulator and one `ferry agent` per
+//! simulated node. Every part is owned here and torn down by [`World::teardown`] (or by the
+//! parts' own `Drop` guards when the process unwinds); children spawned through
+//! `ferry_testbed::process` also die with the demo when it is killed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context;
+use ferry_sim::velero::{S3Location, Velero};
+use ferry_sim::{NodeSim, SimConfig};
+use ferry_testbed::process::{self, Guarded};
+use ferry_testbed::{ControlPlane, S3Server, VELERO_NAMESPACE};
+
+/// The data mover name, as in `velero install --use-node-agent` with Ferry.
+pub const DATA_MOVER: &str = "ferry";
+/// The BackupStorageLocation.
+pub const BSL: &str = "default";
+/// The bucket in moto.
+pub const BUCKET: &str = "velero-backups";
+/// The static S3 credentials (moto accepts any).
+pub const ACCESS_KEY: &str = "ferry-demo";
+/// The secret key.
+pub const SECRET_KEY: &str = "ferry-demo-secret";
+
+/// Everything running; parts are `None` until started and after teardown.
+#[derive(Debug, Default)]
+pub struct World {
+    pub cp: Option<ControlPlane>,
+    pub s3: Option<S3Server>,
+    pub sim: Option<NodeSim>,
+    pub agents: Vec<(String, Guarded)>,
+    pub namespace: String,
+    pub logs: Option<tempfile::TempDir>,
+}
+
+impl World {
+    pub fn cp(&self) -> anyhow::Result<&ControlPlane> {
+        self.cp.as_ref().context("the control plane is not running")
+    }
+
+    pub fn s3(&self) -> anyhow::Result<&S3Server> {
+        self.s3.as_ref().context("the S3 server is not running")
+    }
+
+    pub fn sim(&self) -> anyhow::Result<&NodeSim> {
+        self.sim.as_ref().context("the node simulator is not running")
+    }
+
+    pub fn client(&self) -> anyhow::Result<kube::Client> {
+        self.cp()?.client()
+    }
+
+    /// Velero's side of things for this world.
+    pub fn velero(&self) -> anyhow::Result<Velero> {
+        Ok(Velero::new(self.client()?, VELERO_NAMESPACE, DATA_MOVER, BSL))
+    }
+
+    /// The repository the agents use for the demo namespace (Velero's layout).
+    pub fn repository(&self) -> String {
+        format!("s3://{BUCKET}/velero/ferry/{}", self.namespace)
+    }
+
+    pub async fn start_control_plane(&mut self) -> anyhow::Result<&ControlPlane> {
+        let cp = ControlPlane::start().await.context("starting the control plane")?;
+        // If the demo is killed outright, its files still go once it is gone.
+        process::remove_on_exit(cp.dir())?;
+        Ok(self.cp.insert(cp))
+    }
+
+    pub fn start_s3(&mut self) -> anyhow::Result<&S3Server> {
+        let s3 = S3Server::start().context("starting moto")?;
+        s3.create_bucket(BUCKET)?;
+        Ok(self.s3.insert(s3))
+    }
+
+    pub async fn start_sim(&mut self) -> anyhow::Result<&NodeSim> {
+        let namespace = self.cp()?.unique_namespace("shop").await?;
+        self.namespace = namespace;
+        let cp = self.cp()?;
+        let config = SimConfig {
+            namespaces: vec![self.namespace.clone()],
+            nodes: ["node-a", "node-b", "node-c"].map(String::from).to_vec(),
+            ..SimConfig::default()
+        };
+        let sim = NodeSim::start(cp.client()?, config).await.context("starting the simulator")?;
+        Ok(self.sim.insert(sim))
+    }
+
+    pub async fn create_bsl(&self) -> anyhow::Result<()> {
+        let location = S3Location {
+            bucket: BUCKET.into(),
+            prefix: "velero".into(),
+            endpoint: self.s3()?.endpoint().into(),
+            region: "us-east-1".into(),
+            access_key: ACCESS_KEY.into(),
+            secret_key: SECRET_KEY.into(),
+        };
+        self.velero()?.create_bsl(&location).await?;
+        Ok(())
+    }
+
+    /// Starts `ferry agent` for every simulated node, logging to a file per node.
+    pub fn start_agents(&mut self, ferry: &Path) -> anyhow::Result<()> {
+        let logs = tempfile::Builder::new().prefix("ferry-demo-logs-").tempdir()?;
+        let kubeconfig = self.cp()?.kubeconfig().to_owned();
+        let sim = self.sim()?;
+        let mut agents = Vec::new();
+        for node in sim.nodes() {
+            let log = std::fs::File::create(logs.path().join(format!("{node}.log")))?;
+            let mut cmd = Command::new(ferry);
+            cmd.args(["agent", "--node-name", &node, "--namespace", VELERO_NAMESPACE])
+                .args(["--data-mover", DATA_MOVER, "--pod-image", "ferry:demo"])
+                .arg("--kubelet-root")
+                .arg(sim.kubelet_root(&node)?)
+                .args(["--progress-interval", "1s", "--concurrency", "2"])
+                .args(["--metrics-address", "127.0.0.1:0"])
+                .env("KUBECONFIG", &kubeconfig)
+                .env("FERRY_LOG", "info,kube=warn,tower=warn,hyper=warn,aws=warn")
+                .env("AWS_EC2_METADATA_DISABLED", "true")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            let agent = process::spawn(&format!("ferry agent {node}"), cmd)?;
+            agents.push((node, agent));
+        }
+        self.agents = agents;
+        self.logs = Some(logs);
+        Ok(())
+    }
+
+    /// Agents that exited (they must run for the whole demo).
+    pub fn dead_agents(&mut self) -> Vec<String> {
+        let mut dead = Vec::new();
+        for (node, agent) in &mut self.agents {
+            if !agent.is_running() {
+                dead.push(node.clone());
+            }
+        }
+        dead
+    }
+
+    /// The last `lines` lines of every agent's log.
+    pub fn agent_logs(&self, lines: usize) -> String {
+        let Some(dir) = &self.logs else { return String::new() };
+        let mut out = String::new();
+        for (node, _) in &self.agents {
+            let text = std::fs::read_to_string(log_path(dir.path(), node)).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(lines).collect();
+            out.push_str(&format!("--- ferry agent on {node} (last {lines} lines)\n"));
+            for line in tail.into_iter().rev() {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// Stops everything, in order: agents, simulator (unmounts, detaches loop devices, removes
+    /// its objects), S3, control plane. Returns what could not be cleaned, if anything.
+    pub async fn teardown(&mut self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (_, agent) in &mut self.agents {
+            agent.stop();
+        }
+        self.agents.clear();
+        if let Some(sim) = self.sim.take() {
+            let dir = sim.dir().to_owned();
+            match tokio::time::timeout(Duration::from_secs(90), sim.shutdown()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => problems.push(format!("simulator shutdown: {e}")),
+                // Dropping the shutdown future dropped the simulator: its Drop cleaned the host.
+                Err(_) => problems.push("simulator shutdown timed out".into()),
+            }
+            let left = ferry_sim::janitor::leftovers_under(&dir);
+            if !left.is_empty() {
+                problems.push(format!("left on the host: {left:?}"));
+            }
+        }
+        self.s3 = None;
+        self.cp = None;
+        self.logs = None;
+        problems
+    }
+}
+
+fn log_path(dir: &Path, node: &str) -> PathBuf {
+    dir.join(format!("{node}.log"))
+}
