@@ -32,4 +32,4 @@ build:
 
 ## make demo: sets everything up, then runs Ferry end to end with visible progress.
 demo: control-plane
-	scripts/demo.sh
+	DEMO_ARGS="$(DEMO_ARGS)" scripts/demo.sh
