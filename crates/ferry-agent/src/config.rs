@@ -19,6 +19,9 @@ pub struct AgentConfig {
     pub data_mover: String,
     /// How often `status.progress.bytesDone` is written while data moves.
     pub progress_interval: Duration,
+    /// How often a `Progress` Event on the CR tells throughput, time left and what became
+    /// of the bytes (read, skipped, deduplicated, uploaded).
+    pub progress_event_interval: Duration,
     /// How long a CR may wait in Accepted (for the volume to be exposed) or in Prepared (for
     /// the exposed volume to appear on its node) before it fails.
     pub prepare_timeout: Duration,
@@ -40,7 +43,7 @@ pub struct AgentConfig {
 
 impl AgentConfig {
     /// The defaults for an agent on `node_name`: Velero's namespace `velero`, data mover
-    /// `ferry`, progress every 3 s, a 30-minute prepare timeout, one data movement at a time,
+    /// `ferry`, progress every 3 s and a Progress event every 30 s, a 30-minute prepare timeout, one data movement at a time,
     /// a 15 s lease, a recheck every 5 s.
     #[must_use]
     pub fn new(node_name: impl Into<String>) -> Self {
@@ -49,6 +52,7 @@ impl AgentConfig {
             namespace: DEFAULT_VELERO_NAMESPACE.to_owned(),
             data_mover: DEFAULT_DATA_MOVER.to_owned(),
             progress_interval: Duration::from_secs(3),
+            progress_event_interval: Duration::from_secs(30),
             prepare_timeout: Duration::from_secs(30 * 60),
             concurrency: 1,
             lease_duration: Duration::from_secs(15),
@@ -91,6 +95,7 @@ impl AgentConfig {
         }
         for (name, value) in [
             ("progress interval", self.progress_interval),
+            ("progress event interval", self.progress_event_interval),
             ("prepare timeout", self.prepare_timeout),
             ("recheck interval", self.recheck_interval),
             ("locate interval", self.locate_interval),

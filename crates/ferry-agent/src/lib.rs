@@ -36,6 +36,7 @@ mod liveness;
 mod metrics;
 mod progress;
 mod reconcile;
+mod report;
 mod resource;
 mod update;
 
@@ -49,5 +50,5 @@ pub use error::{AgentError, BoxError, ReconcileError, WorkError, error_chain};
 pub use events::REPORTING_CONTROLLER;
 pub use liveness::{LEASE_LABEL, lease_name};
 pub use metrics::Metrics;
-pub use progress::{ProgressSink, ProgressSnapshot};
+pub use progress::{Breakdown, ProgressSink, ProgressSnapshot};
 pub use resource::annotations;

@@ -15,6 +15,9 @@ pub struct ProgressSink {
 struct Counters {
     total: AtomicU64,
     done: AtomicU64,
+    read: AtomicU64,
+    skipped: AtomicU64,
+    new: AtomicU64,
 }
 
 /// A reading of a [`ProgressSink`].
@@ -24,6 +27,26 @@ pub struct ProgressSnapshot {
     pub total_bytes: u64,
     /// Bytes moved so far.
     pub bytes_done: u64,
+    /// Of `bytes_done`, the bytes actually read (backup) or written (restore of a block
+    /// volume). Zero when the data path does not tell.
+    pub bytes_read: u64,
+    /// Of `bytes_done`, the bytes not moved because they were known already: unchanged
+    /// files, unallocated or all-zero ranges.
+    pub bytes_skipped: u64,
+    /// Of `bytes_done`, the bytes new to the repository (uploaded; the rest was
+    /// deduplicated).
+    pub bytes_new: u64,
+}
+
+/// How the data path's bytes divide up, for [`ProgressSink::set_breakdown`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Breakdown {
+    /// See [`ProgressSnapshot::bytes_read`].
+    pub read: u64,
+    /// See [`ProgressSnapshot::bytes_skipped`].
+    pub skipped: u64,
+    /// See [`ProgressSnapshot::bytes_new`].
+    pub new: u64,
 }
 
 impl ProgressSink {
@@ -48,12 +71,23 @@ impl ProgressSink {
         self.inner.done.fetch_max(bytes, Ordering::Relaxed);
     }
 
+    /// Reports how the bytes so far divide up; each count only ever grows.
+    pub fn set_breakdown(&self, b: Breakdown) {
+        self.inner.read.fetch_max(b.read, Ordering::Relaxed);
+        self.inner.skipped.fetch_max(b.skipped, Ordering::Relaxed);
+        self.inner.new.fetch_max(b.new, Ordering::Relaxed);
+    }
+
     /// The current reading.
     #[must_use]
     pub fn snapshot(&self) -> ProgressSnapshot {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ProgressSnapshot {
-            total_bytes: self.inner.total.load(Ordering::Relaxed),
-            bytes_done: self.inner.done.load(Ordering::Relaxed),
+            total_bytes: r(&self.inner.total),
+            bytes_done: r(&self.inner.done),
+            bytes_read: r(&self.inner.read),
+            bytes_skipped: r(&self.inner.skipped),
+            bytes_new: r(&self.inner.new),
         }
     }
 }
@@ -84,7 +118,7 @@ mod tests {
     use ferry_api::DataMoveOperationProgress as P;
 
     fn reading(total_bytes: u64, bytes_done: u64) -> ProgressSnapshot {
-        ProgressSnapshot { total_bytes, bytes_done }
+        ProgressSnapshot { total_bytes, bytes_done, ..ProgressSnapshot::default() }
     }
 
     #[test]
@@ -97,6 +131,15 @@ mod tests {
         assert_eq!(sink.snapshot(), reading(100, 50));
         sink.set_done(70);
         assert_eq!(sink.snapshot().bytes_done, 70);
+    }
+
+    #[test]
+    fn breakdown_counts_only_grow() {
+        let sink = ProgressSink::new();
+        sink.set_breakdown(Breakdown { read: 10, skipped: 5, new: 3 });
+        sink.set_breakdown(Breakdown { read: 8, skipped: 6, new: 1 });
+        let r = sink.snapshot();
+        assert_eq!((r.bytes_read, r.bytes_skipped, r.bytes_new), (10, 6, 3));
     }
 
     #[test]

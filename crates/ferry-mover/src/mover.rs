@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use ferry_agent::{
-    BackupOutcome, DataMover, ExposedVolume, ProgressSink, RestoreOutcome, VolumeMode, WorkError,
+    BackupOutcome, Breakdown, DataMover, ExposedVolume, ProgressSink, RestoreOutcome, VolumeMode,
+    WorkError,
 };
 use ferry_api::keys::{BACKUP_NAME_LABEL, WRITE_SPARSE_FILES};
 use ferry_api::{DataDownload, DataUpload};
@@ -58,6 +59,11 @@ fn reporter(sink: ProgressSink) -> ProgressFn {
     Arc::new(move |p: &Progress| {
         sink.set_total(p.bytes_total_estimate);
         sink.set_done(p.bytes_done);
+        sink.set_breakdown(Breakdown {
+            read: p.bytes_read,
+            skipped: p.bytes_skipped,
+            new: p.bytes_new,
+        });
     })
 }
 

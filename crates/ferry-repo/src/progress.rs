@@ -17,11 +17,12 @@ pub struct Progress {
     pub files_total_estimate: u64,
     /// Content bytes that were new to the repository.
     pub bytes_new: u64,
-    /// Volume backup: bytes actually read from the device (the rest of `bytes_done` was
-    /// skipped as unallocated). Zero for file trees.
+    /// Backup: bytes actually read from the source (the rest of `bytes_done` was skipped).
+    /// Volume restore: bytes written.
     pub bytes_read: u64,
-    /// Volume backup and restore: bytes skipped as unallocated or all-zero (not stored, or
-    /// not written). Zero for file trees.
+    /// Backup: bytes not read because they were known already: files unchanged since the
+    /// parent snapshot (trees), unallocated or all-zero ranges (volumes, which are not
+    /// stored). Volume restore: zero ranges not written.
     pub bytes_skipped: u64,
     /// Entries that could not be read (recorded in the snapshot with their error).
     pub errors: u64,

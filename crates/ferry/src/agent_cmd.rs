@@ -50,6 +50,10 @@ pub struct AgentArgs {
     /// How often bytes done are written to the CR (Go duration).
     #[arg(long, default_value = "3s", value_parser = duration)]
     pub progress_interval: Duration,
+    /// How often a Progress Event (throughput, time left, bytes read, skipped, deduplicated
+    /// and uploaded) is added to the CR while data moves (Go duration).
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub progress_event_interval: Duration,
     /// How long a CR may wait for its volume (Go duration).
     #[arg(long, default_value = "30m", value_parser = duration)]
     pub prepare_timeout: Duration,
@@ -168,6 +172,7 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     config.data_mover.clone_from(&args.data_mover);
     config.concurrency = concurrency;
     config.progress_interval = args.progress_interval;
+    config.progress_event_interval = args.progress_event_interval;
     config.prepare_timeout = args.prepare_timeout;
     config.lease_duration = args.lease_duration;
     let client_for_deletions = client.clone();

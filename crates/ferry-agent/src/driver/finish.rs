@@ -91,6 +91,7 @@ pub(super) async fn complete<C: MoverCr>(
     name: &str,
     outcome: &C::Outcome,
     volume: &ExposedVolume,
+    stats: &str,
 ) -> Result<(), StepError> {
     let written = write(ctx, name, None, "Completed", |c| {
         if c.phase() != Phase::InProgress || !mine(ctx, c) {
@@ -109,7 +110,8 @@ pub(super) async fn complete<C: MoverCr>(
         let summary = C::describe_outcome(outcome);
         tracing::info!(kind = C::KIND, %name, node = ctx.me(), %summary, "completed");
         ctx.metrics.outcome(C::KIND, crate::metrics::Outcome::Success);
-        ctx.events.normal(&done, "Completed", format!("{summary} on node {}", ctx.me())).await;
+        let note = format!("{summary} on node {}: {stats}", ctx.me());
+        ctx.events.normal(&done, "Completed", note).await;
     }
     Ok(())
 }

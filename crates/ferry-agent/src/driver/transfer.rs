@@ -14,6 +14,7 @@ use super::until_canceled;
 use crate::context::Ctx;
 use crate::error::{WorkError, error_chain};
 use crate::progress::next_progress;
+use crate::report;
 use crate::resource::{
     MoverCr, Phase, annotation, annotations, elapsed_since, now, parse_timestamp,
     remove_expose_label, stop_requested,
@@ -76,7 +77,14 @@ pub(super) async fn move_data<C: MoverCr>(
             let finished =
                 until_canceled(exposer.finish(&cr, &volume, cr.operation_timeout()), work).await;
             match finished {
-                Ok(()) => complete(ctx, &name, &outcome, &volume).await,
+                Ok(()) => {
+                    let stats = report::final_note(
+                        report::Direction::of(C::KIND),
+                        &progress.snapshot(),
+                        started.elapsed(),
+                    );
+                    complete(ctx, &name, &outcome, &volume, &stats).await
+                }
                 Err(WorkError::Canceled) => Ok(()),
                 Err(e) => {
                     let message =
@@ -220,6 +228,8 @@ async fn write_progress<C: MoverCr>(
     stop: CancellationToken,
 ) {
     let name = latest.name_any();
+    let started = Instant::now();
+    let mut last_event = started;
     let mut tick = tokio::time::interval(ctx.config.progress_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -229,6 +239,12 @@ async fn write_progress<C: MoverCr>(
             _ = tick.tick() => {}
         }
         let reading = progress.snapshot();
+        if reading.bytes_done > 0 && last_event.elapsed() >= ctx.config.progress_event_interval {
+            last_event = Instant::now();
+            let direction = report::Direction::of(C::KIND);
+            let note = report::progress_note(direction, &reading, started.elapsed());
+            ctx.events.normal(&latest, "Progress", note).await;
+        }
         if next_progress(latest.status_view().progress, reading).is_none() {
             continue;
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_agent::{
-    Backends, BackupOutcome, DataMover, ExposeParams, Exposed, ExposedVolume, Exposer,
+    Backends, BackupOutcome, Breakdown, DataMover, ExposeParams, Exposed, ExposedVolume, Exposer,
     ProgressSink, RestoreOutcome, VolumeMode, WorkError,
 };
 use ferry_api::{DataDownload, DataUpload, NodeOs};
@@ -250,6 +250,9 @@ impl Sim {
             } else {
                 progress.add_done(chunk);
             }
+            // Every byte read, a quarter of them new to the repository.
+            let done = progress.snapshot().bytes_done;
+            progress.set_breakdown(Breakdown { read: done, skipped: 0, new: done / 4 });
             if let Some(message) = &behaviour.mover_error {
                 self.leave(Call::MoveDone { cr: cr.to_owned(), node: node.clone() }, cr, &node);
                 return Err(WorkError::failed(message.clone()));

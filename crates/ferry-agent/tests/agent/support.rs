@@ -188,9 +188,14 @@ impl TestCluster {
 
     /// Events the agents published on the CR named `name`, as reasons.
     pub async fn event_reasons(&self, name: &str) -> Vec<String> {
+        self.events(name).await.into_iter().map(|(reason, _)| reason).collect()
+    }
+
+    /// Events the agents published on the CR named `name`, as `(reason, note)` in time order.
+    pub async fn events(&self, name: &str) -> Vec<(String, String)> {
         let api: Api<Event> = Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
         let events = api.list(&ListParams::default()).await.expect("list events");
-        let mut found: Vec<(String, String)> = events
+        let mut found: Vec<(String, String, String)> = events
             .items
             .into_iter()
             .filter(|e| {
@@ -199,11 +204,11 @@ impl TestCluster {
             })
             .map(|e| {
                 let at = e.event_time.map(|t| t.0.to_string()).unwrap_or_default();
-                (at, e.reason.unwrap_or_default())
+                (at, e.reason.unwrap_or_default(), e.note.unwrap_or_default())
             })
             .collect();
         found.sort();
-        found.into_iter().map(|(_, reason)| reason).collect()
+        found.into_iter().map(|(_, reason, note)| (reason, note)).collect()
     }
 }
 

@@ -134,7 +134,8 @@ async fn progress_is_written_while_moving_and_never_goes_backwards() {
     let slow =
         Behaviour { chunks: 12, chunk_delay: Duration::from_millis(250), ..Behaviour::default() };
     let sim = Sim::new(Placement::Accepting, slow);
-    let mut cluster = TestCluster::new(sim, |_| {});
+    let mut cluster =
+        TestCluster::new(sim, |c| c.progress_event_interval = Duration::from_millis(700));
     cluster.start_agents(&NODES[..1]).await;
     let name = unique("progress");
     let history = History::record(&cluster.uploads, &name, du_progress);
@@ -154,6 +155,23 @@ async fn progress_is_written_while_moving_and_never_goes_backwards() {
         partial >= 2,
         "fewer than two partial progress writes while moving for 3 s: {values:?}"
     );
+    // Progress events tell rate, time left and what became of the bytes; Completed sums up.
+    let events = cluster.events(&name).await;
+    let progress: Vec<&String> =
+        events.iter().filter(|(reason, _)| reason == "Progress").map(|(_, note)| note).collect();
+    assert!(!progress.is_empty(), "no Progress event while moving for 3 s: {events:?}");
+    for note in &progress {
+        for part in [" of ", "MB/s", "; read ", "deduplicated ", "uploaded "] {
+            assert!(note.contains(part), "Progress note without {part:?}: {note}");
+        }
+    }
+    assert!(progress.iter().any(|n| n.contains(" left")), "no time left told: {progress:?}");
+    let completed: Vec<&String> =
+        events.iter().filter(|(reason, _)| reason == "Completed").map(|(_, note)| note).collect();
+    assert_eq!(completed.len(), 1, "{events:?}");
+    for part in ["MB/s", "read ", "uploaded "] {
+        assert!(completed[0].contains(part), "Completed note without {part:?}: {completed:?}");
+    }
     cluster.shutdown().await;
 }
 

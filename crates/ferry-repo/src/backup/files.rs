@@ -162,6 +162,7 @@ impl<'a> FileWorker<'a> {
                 self.shared.progress.bytes_new.fetch_add(cut as u64, Ordering::Relaxed);
             }
             self.shared.progress.bytes_done.fetch_add(cut as u64, Ordering::Relaxed);
+            self.shared.progress.bytes_read.fetch_add(cut as u64, Ordering::Relaxed);
             chunks.push(ChunkRef { id, len: u32::try_from(cut).unwrap_or(u32::MAX) });
             start += cut;
             pos += cut as u64;

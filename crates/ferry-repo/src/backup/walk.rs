@@ -292,6 +292,7 @@ impl<'a> Walker<'a> {
         if let Some(content) = reusable {
             p.files_done.fetch_add(1, Ordering::Relaxed);
             p.bytes_done.fetch_add(size, Ordering::Relaxed);
+            p.bytes_skipped.fetch_add(size, Ordering::Relaxed);
             node.body = NodeBody::File(content);
             return self.emit(Event::Entry(node, None));
         }

@@ -43,6 +43,11 @@ async fn a_volume_backed_up_by_data_upload_is_restored_by_data_download() -> Tes
     assert!(!status.accepted_by_node.is_empty());
     assert!(status.start_timestamp.is_some() && status.completion_timestamp.is_some());
     assert!(!status.path.is_empty());
+    // The Completed event tells how the bytes divided up: a first backup reads them all.
+    let note = world.event_note(&name, "Completed").await?;
+    for part in ["MB/s", "read ", "skipped 0 B", "uploaded "] {
+        assert!(note.contains(part), "Completed note without {part:?}: {note}");
+    }
     // Everything the exposer made is gone, and so is the source snapshot it took over.
     let velero = |c| -> (Api<Pod>, Api<PersistentVolumeClaim>, Api<VolumeSnapshot>) {
         (
@@ -148,6 +153,8 @@ async fn a_block_volume_round_trips_through_data_upload_and_data_download() -> T
     assert_eq!(status.progress.total_bytes, 64 << 20, "the device size is the total");
     // Zeros are not stored: only about the data written is new.
     assert!(status.incremental_bytes <= 10 << 20, "{status:#?}");
+    let note = world.event_note(&du.name_any(), "Completed").await?;
+    assert!(note.contains("uploaded ") && !note.contains("skipped 0 B"), "{note}");
     let dd = world
         .create_data_download_in_mode("blocky-restore", &world.ns, "raw-back", "64Mi", &du, "Block")
         .await?;

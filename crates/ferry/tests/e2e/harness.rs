@@ -320,6 +320,25 @@ impl World {
             .collect())
     }
 
+    /// The note of the agents' first `reason` Event on CR `name`, waiting (bounded) for it.
+    pub async fn event_note(
+        &self,
+        name: &str,
+        reason: &str,
+    ) -> Result<String, Box<dyn std::error::Error>> {
+        let start = std::time::Instant::now();
+        loop {
+            let events = self.ferry_events(name).await?;
+            if let Some((_, note, _)) = events.iter().find(|(r, _, _)| r == reason) {
+                return Ok(note.clone());
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                return Err(format!("no {reason} event on {name}: {events:?}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
     /// Ferry's objects for CR `name` still present (pods, PVCs, VolumeSnapshots in Velero's
     /// namespace, VolumeSnapshotContents), after giving deletion up to 20 s to finish.
     pub async fn leftovers_of(&self, name: &str) -> Result<Vec<String>, kube::Error> {
