@@ -40,13 +40,14 @@ async fn canceled_and_clean(world: &World, name: &str) -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cancel_while_waiting_for_the_snapshot_and_while_uploading() -> TestResult {
     let world = World::start("e2e-cancel").await?;
-    // 1. Accepted: the snapshot it names never becomes ready (its PVC does not exist).
+    // 1. Accepted: the snapshot it names never becomes ready, without an error either: its
+    // class belongs to a CSI driver nobody runs, so no snapshot controller touches it.
     let sim = world.sim();
     let vs: ferry_api::VolumeSnapshot = serde_json::from_value(json!({
         "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
         "metadata": { "name": "never-ready", "namespace": world.ns },
-        "spec": { "source": { "persistentVolumeClaimName": "no-such-pvc" },
-                  "volumeSnapshotClassName": sim.snapshot_class() },
+        "spec": { "source": { "persistentVolumeClaimName": "src" },
+                  "volumeSnapshotClassName": "class-of-a-driver-not-running" },
     }))?;
     Api::<ferry_api::VolumeSnapshot>::namespaced(world.client.clone(), &world.ns)
         .create(&Default::default(), &vs)
