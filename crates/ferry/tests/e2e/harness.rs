@@ -429,7 +429,63 @@ impl World {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        Err(format!("{name} never became {what}; last seen: {last:#?}\n{}", self.agent_logs()))
+        let last = last.map(|mut o| {
+            o.meta_mut().managed_fields = None;
+            o
+        });
+        Err(format!(
+            "{name} never became {what}; last seen: {last:#?}\n{}\n{}",
+            self.velero_namespace_state().await,
+            self.agent_logs()
+        ))
+    }
+
+    /// Pods and PVCs in Velero's namespace, a line each: what a stuck exposure waits on.
+    pub async fn velero_namespace_state(&self) -> String {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
+        let pvcs: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
+        let mut out = String::from("--- Velero's namespace\n");
+        match pods.list(&ListParams::default()).await {
+            Ok(list) => {
+                for pod in list.items {
+                    let spec = pod.spec.clone().unwrap_or_default();
+                    let status = pod.status.clone().unwrap_or_default();
+                    let conditions: Vec<String> = status
+                        .conditions
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|c| {
+                            let why = c.message.unwrap_or_default();
+                            format!("{}={} {why}", c.type_, c.status)
+                        })
+                        .collect();
+                    out.push_str(&format!(
+                        "pod {} node={:?} phase={:?} deleting={} conditions={conditions:?}\n",
+                        pod.name_any(),
+                        spec.node_name,
+                        status.phase,
+                        pod.metadata.deletion_timestamp.is_some()
+                    ));
+                }
+            }
+            Err(e) => out.push_str(&format!("listing pods: {e}\n")),
+        }
+        match pvcs.list(&ListParams::default()).await {
+            Ok(list) => {
+                for pvc in list.items {
+                    out.push_str(&format!(
+                        "pvc {} volume={:?} phase={:?} annotations={:?}\n",
+                        pvc.name_any(),
+                        pvc.spec.as_ref().and_then(|s| s.volume_name.clone()),
+                        pvc.status.as_ref().and_then(|s| s.phase.clone()),
+                        pvc.metadata.annotations.unwrap_or_default()
+                    ));
+                }
+            }
+            Err(e) => out.push_str(&format!("listing PVCs: {e}\n")),
+        }
+        out
     }
 
     /// Stops the agents and the simulator (removing every mount and loop device).
