@@ -13,6 +13,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::queue::PrepareQueue;
+
 use crate::context::Ctx;
 use crate::events::Events;
 use crate::jobs::Jobs;
@@ -83,7 +85,11 @@ impl Agent {
             tracker.spawn(async move { live.watch(leases, &data_mover, stop).await });
         }
 
+        let queue = config
+            .prepare_queue_length
+            .map(|limit| PrepareQueue::new(&client, &config.namespace, &config.data_mover, limit));
         let shared = Shared {
+            queue,
             client: client.clone(),
             config: config.clone(),
             backends,
@@ -138,6 +144,7 @@ impl Drop for Agent {
 
 /// What both controllers of one agent share.
 struct Shared {
+    queue: Option<PrepareQueue>,
     client: kube::Client,
     config: AgentConfig,
     backends: Backends,
@@ -162,6 +169,7 @@ fn spawn_controller<C: MoverCr>(shared: &Shared) {
         tracker: shared.tracker.clone(),
         shutdown: shared.shutdown.clone(),
         metrics: Arc::clone(&shared.metrics),
+        queue: shared.queue.clone(),
     });
     let stop = shared.shutdown.clone();
     let node = shared.config.node_name.clone();

@@ -28,6 +28,10 @@ pub struct AgentConfig {
     /// How many data movements (uploads and downloads together) run at once on this node.
     /// Work beyond the limit waits in Prepared, first come first served.
     pub concurrency: usize,
+    /// Velero's `prepareQueueLength`: at most this many DataUploads and DataDownloads of this
+    /// data mover in Accepted or Prepared at once, cluster-wide; New ones wait until room
+    /// frees up. `None`: no limit.
+    pub prepare_queue_length: Option<usize>,
     /// How long this agent's liveness lease stays valid without renewal. Other agents take
     /// over the CRs of a node whose lease has not been renewed for this long.
     pub lease_duration: Duration,
@@ -55,6 +59,7 @@ impl AgentConfig {
             progress_event_interval: Duration::from_secs(30),
             prepare_timeout: Duration::from_secs(30 * 60),
             concurrency: 1,
+            prepare_queue_length: None,
             lease_duration: Duration::from_secs(15),
             recheck_interval: Duration::from_secs(5),
             locate_interval: Duration::from_secs(1),
@@ -89,6 +94,9 @@ impl AgentConfig {
         }
         if self.concurrency == 0 {
             return bad("concurrency must be at least 1".into());
+        }
+        if self.prepare_queue_length == Some(0) {
+            return bad("the prepare queue length must be at least 1 (or no limit)".into());
         }
         if self.lease_duration < Duration::from_secs(1) {
             return bad(format!("lease duration {:?} is shorter than 1s", self.lease_duration));

@@ -28,6 +28,8 @@ pub(crate) struct Ctx<C: MoverCr> {
     pub tracker: TaskTracker,
     pub shutdown: CancellationToken,
     pub metrics: Arc<crate::Metrics>,
+    /// The prepare queue's limit, if one is set.
+    pub queue: Option<crate::queue::PrepareQueue>,
 }
 
 impl<C: MoverCr> Ctx<C> {

@@ -76,6 +76,19 @@ pub enum ReconcileError {
         #[source]
         source: Box<ApiError>,
     },
+    /// Counting the CRs in the prepare queue before accepting one failed.
+    #[error(
+        "counting the DataUploads and DataDownloads in the prepare queue before accepting {kind} {name}"
+    )]
+    Queue {
+        /// The CR's kind.
+        kind: &'static str,
+        /// The CR waiting to be accepted.
+        name: String,
+        /// The API server's answer.
+        #[source]
+        source: Box<kube::Error>,
+    },
     /// Writing Canceled on a CR canceled before any node accepted it failed.
     #[error("canceling new {kind} {name}")]
     CancelNew {

@@ -35,6 +35,7 @@ mod jobs;
 mod liveness;
 mod metrics;
 mod progress;
+mod queue;
 mod reconcile;
 mod report;
 mod resource;

@@ -47,6 +47,11 @@ pub struct AgentArgs {
     /// Data movements at once on this node.
     #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
+    /// At most this many DataUploads and DataDownloads in Accepted or Prepared at once,
+    /// cluster-wide (Velero's `prepareQueueLength`; the ConfigMap's value wins). No limit when
+    /// absent.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub prepare_queue_length: Option<u32>,
     /// How often bytes done are written to the CR (Go duration).
     #[arg(long, default_value = "3s", value_parser = duration)]
     pub progress_interval: Duration,
@@ -140,10 +145,14 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     exposer.kubelet_root.clone_from(&args.kubelet_root);
     exposer.unschedulable_grace = args.unschedulable_grace;
     let mut concurrency = args.concurrency;
+    let mut prepare_queue_length = args.prepare_queue_length.map(|n| n as usize);
     if let Some(name) = &args.config_map {
         let (config, labels) = node_agent_config(&client, args, name).await?;
         if config.load_concurrency.is_some() {
             concurrency = config.concurrency_for_node(&labels);
+        }
+        if let Some(n) = config.prepare_queue_length() {
+            prepare_queue_length = Some(n);
         }
         for (class, pvc) in &config.backup_pvc {
             if !pvc.storage_class.is_empty() {
@@ -160,7 +169,11 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
         if !config.priority_class_name.is_empty() {
             exposer.priority_class_name = Some(config.priority_class_name.clone());
         }
-        eprintln!("ferry agent: configuration from ConfigMap {name}: concurrency {concurrency}");
+        let queue = prepare_queue_length.map_or_else(|| "no limit".to_owned(), |n| n.to_string());
+        eprintln!(
+            "ferry agent: configuration from ConfigMap {name}: concurrency {concurrency}, \
+             prepare queue {queue}"
+        );
     }
     let backends = Backends {
         upload_exposer: Arc::new(CsiBackupExposer::new(client.clone(), exposer.clone())),
@@ -171,6 +184,7 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     config.namespace.clone_from(&args.namespace);
     config.data_mover.clone_from(&args.data_mover);
     config.concurrency = concurrency;
+    config.prepare_queue_length = prepare_queue_length;
     config.progress_interval = args.progress_interval;
     config.progress_event_interval = args.progress_event_interval;
     config.prepare_timeout = args.prepare_timeout;

@@ -7,6 +7,7 @@
 
 mod cancel;
 mod download;
+mod queue;
 mod recovery;
 mod sim;
 mod support;
