@@ -31,6 +31,8 @@ pub struct Options {
     pub ferry: std::path::PathBuf,
     pub size_mib: u64,
     pub files: usize,
+    /// Also measure the node agent's targets ([`crate::bench`]).
+    pub bench: bool,
 }
 
 /// One finished transfer, for the summary.
@@ -44,6 +46,7 @@ pub struct Transfer {
     pub snapshot: String,
     pub elapsed: Duration,
     pub moving: Duration,
+    pub first_progress: Option<Duration>,
 }
 
 /// The demo's result.
@@ -53,6 +56,7 @@ pub struct Report {
     pub files: usize,
     pub bytes: u64,
     pub differences: Vec<String>,
+    pub bench: Option<crate::bench::Bench>,
 }
 
 struct Steps {
@@ -104,6 +108,11 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
     for (node, agent) in &world.agents {
         println!("  ferry agent on {node}: pid {}", agent.pid());
     }
+    if opts.bench {
+        println!("  (bench) letting the agents idle for 10s, then reading their memory");
+        let idle_rss = crate::bench::idle_memory(world, Duration::from_secs(10)).await?;
+        report.bench = Some(crate::bench::Bench { idle_rss, ..Default::default() });
+    }
 
     steps.say(&format!(
         "An application volume: PVC {PVC} with {} MiB in about {} files",
@@ -123,6 +132,13 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
     let first = backup(world, "nightly-1", "orders-snap-1").await?;
     print_transfer(&first);
     report.transfers.push(first.clone());
+    if let Some(bench) = report.bench.as_mut() {
+        println!("  (bench) the same data with a bare `ferry backup` into a new repository");
+        let bare = crate::bench::bare_backup(world, &opts.ferry, &tree).await?;
+        println!("  bare backup: {:.1}s", bare.as_secs_f64());
+        bench.bare = Some(bare);
+        bench.upload = Some(first.clone());
+    }
 
     steps.say(
         "A day of changes: three logs grow, 1 MiB of the database is rewritten, a new document",
@@ -224,6 +240,7 @@ fn transfer<K: Watched>(
         snapshot,
         elapsed: done.elapsed,
         moving: done.moving,
+        first_progress: done.first_progress,
     }
 }
 

@@ -10,6 +10,7 @@
 //! interrupted.
 
 mod act;
+mod bench;
 mod dataset;
 mod watch;
 mod world;
@@ -37,6 +38,10 @@ struct Args {
     /// About how many files hold it.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(40..=100_000))]
     files: u64,
+    /// Also measure the node agent's targets: idle memory, DataUpload time against a bare
+    /// `ferry backup` of the same data, how soon progress shows.
+    #[arg(long)]
+    bench: bool,
 }
 
 fn main() -> ExitCode {
@@ -53,6 +58,7 @@ fn main() -> ExitCode {
         ferry,
         size_mib: args.size,
         files: usize::try_from(args.files).unwrap_or(usize::MAX),
+        bench: args.bench,
     };
     let runtime =
         match tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build() {
@@ -153,5 +159,8 @@ fn summary(report: &Report, start: Instant, ok: bool) {
         println!("  restored volume: {} files, {}: {same}", report.files, mb(report.bytes));
     }
     println!("  total time: {:.1}s", start.elapsed().as_secs_f64());
+    if let Some(bench) = &report.bench {
+        crate::bench::print(bench);
+    }
     println!("  {}", if ok { "\x1b[1;32mOK\x1b[0m" } else { "\x1b[1;31mFAILED\x1b[0m" });
 }

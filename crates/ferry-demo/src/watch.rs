@@ -83,6 +83,9 @@ pub struct Finished<K> {
     pub elapsed: Duration,
     /// From the first `InProgress` seen to the terminal phase.
     pub moving: Duration,
+    /// From the first `InProgress` seen to the first `bytesDone` above zero seen while still
+    /// InProgress; `None` if the CR finished before showing any.
+    pub first_progress: Option<Duration>,
 }
 
 /// Polls CR `name` (Velero's namespace) until it is terminal, showing its progress; fails
@@ -107,6 +110,7 @@ pub async fn follow<K: Watched>(
     bar.enable_steady_tick(Duration::from_millis(200));
     let start = Instant::now();
     let mut moving_since = None;
+    let mut first_progress = None;
     let mut printed = Instant::now() - Duration::from_secs(10);
     let mut last_line = None;
     let mut last_bytes = (Instant::now(), 0u64);
@@ -124,6 +128,9 @@ pub async fn follow<K: Watched>(
         let st = obj.status_line();
         if moving_since.is_none() && (st.phase == "InProgress" || st.terminal) {
             moving_since = Some(Instant::now());
+        }
+        if first_progress.is_none() && st.phase == "InProgress" && st.done > 0 {
+            first_progress = moving_since.map(|t: Instant| t.elapsed());
         }
         let where_ = if st.node.is_empty() { "no node yet".to_owned() } else { st.node.clone() };
         bar.set_message(format!("{:<10} on {where_}", st.phase));
@@ -147,7 +154,8 @@ pub async fn follow<K: Watched>(
         }
         if st.terminal {
             let moving = moving_since.map_or(Duration::ZERO, |t| t.elapsed());
-            break Ok(Finished { object: obj, status: st, elapsed: start.elapsed(), moving });
+            let elapsed = start.elapsed();
+            break Ok(Finished { object: obj, status: st, elapsed, moving, first_progress });
         }
         tokio::time::sleep(POLL).await;
     };

@@ -1,0 +1,121 @@
+//! `--bench`: the node agent's targets, measured on the demo's own run. The agents' memory while
+//! idle, the time from a DataUpload's creation to Completed against a bare `ferry backup` of the
+//! same data into the same S3 server, and how soon progress shows on the CR.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use ferry_sim::FsTree;
+
+use crate::act::{Transfer, mb};
+use crate::world::{ACCESS_KEY, BUCKET, SECRET_KEY, World};
+
+/// What `--bench` measured.
+#[derive(Debug, Clone, Default)]
+pub struct Bench {
+    /// Resident memory of each agent after it sat idle, in bytes: `(node, bytes)`.
+    pub idle_rss: Vec<(String, u64)>,
+    /// The bare `ferry backup` of the first backup's data.
+    pub bare: Option<Duration>,
+    /// The first backup through its DataUpload.
+    pub upload: Option<Transfer>,
+}
+
+/// Resident memory of process `pid` (`VmRSS` in `/proc/<pid>/status`), in bytes.
+fn rss(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .with_context(|| format!("no VmRSS in /proc/{pid}/status"))?;
+    Ok(kib * 1024)
+}
+
+/// Every agent's memory after `idle` with nothing to do.
+///
+/// # Errors
+/// An agent's `/proc` entry could not be read (it exited).
+pub async fn idle_memory(world: &World, idle: Duration) -> anyhow::Result<Vec<(String, u64)>> {
+    tokio::time::sleep(idle).await;
+    world.agents.iter().map(|(node, agent)| Ok((node.clone(), rss(agent.pid())?))).collect()
+}
+
+/// `ferry repo init` and `ferry backup` of `tree` (written to a local directory first) into a
+/// new repository on the demo's S3 server; returns the backup's wall time.
+///
+/// # Errors
+/// Writing the tree or either command failed.
+pub async fn bare_backup(world: &World, ferry: &Path, tree: &FsTree) -> anyhow::Result<Duration> {
+    let dir = tempfile::Builder::new().prefix("ferry-demo-bare-").tempdir()?;
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data)?;
+    tree.write_to(&data).context("writing the data set for the bare backup")?;
+    let password = dir.path().join("password");
+    std::fs::write(&password, "ferry-demo-bench")?;
+    let repo = format!("s3://{BUCKET}/bench/bare-{}", std::process::id());
+    let endpoint = world.s3()?.endpoint().to_owned();
+    let run = |args: Vec<std::ffi::OsString>| {
+        let mut cmd = tokio::process::Command::new(ferry);
+        cmd.args(args)
+            .arg("--repo")
+            .arg(&repo)
+            .arg("--password-file")
+            .arg(&password)
+            .args(["--s3-endpoint", &endpoint, "--s3-region", "us-east-1"])
+            .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true);
+        cmd
+    };
+    let status = run(vec!["repo".into(), "init".into()]).status().await?;
+    if !status.success() {
+        bail!("ferry repo init --repo {repo} failed: {status}");
+    }
+    let start = Instant::now();
+    let status = run(vec!["backup".into(), data.into_os_string()]).status().await?;
+    let took = start.elapsed();
+    if !status.success() {
+        bail!("ferry backup --repo {repo} failed: {status}");
+    }
+    Ok(took)
+}
+
+/// The bench's report, with the targets next to the readings.
+pub fn print(bench: &Bench) {
+    println!("\n\x1b[1mNode agent targets\x1b[0m");
+    for (node, bytes) in &bench.idle_rss {
+        let verdict = if *bytes < 50 << 20 { "met" } else { "NOT met" };
+        println!(
+            "  agent on {node}: {} resident when idle (target < 50 MiB: {verdict})",
+            mb(*bytes)
+        );
+    }
+    if let (Some(upload), Some(bare)) = (&bench.upload, bench.bare) {
+        let ratio = upload.elapsed.as_secs_f64() / bare.as_secs_f64().max(0.001);
+        let verdict = if ratio <= 1.5 { "met" } else { "NOT met" };
+        println!(
+            "  first backup of {}: DataUpload created -> Completed {:.1}s, bare `ferry backup` \
+             {:.1}s: {ratio:.2}x (target <= 1.5x: {verdict})",
+            mb(upload.bytes),
+            upload.elapsed.as_secs_f64(),
+            bare.as_secs_f64()
+        );
+        match upload.first_progress {
+            Some(p) => {
+                let verdict = if p <= Duration::from_secs(5) { "met" } else { "NOT met" };
+                println!(
+                    "  progress on the CR {:.1}s after InProgress (target <= 5s: {verdict})",
+                    p.as_secs_f64()
+                );
+            }
+            None => println!("  progress on the CR: the upload finished before any was seen"),
+        }
+    }
+}
