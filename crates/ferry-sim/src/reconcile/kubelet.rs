@@ -233,7 +233,9 @@ async fn set_running(ctx: &Ctx, pod: &Pod) -> Result<(), SimError> {
                     "restartCount": 0, "state": { "running": { "startedAt": now } } })
         })
         .collect();
-    let status = json!({ "status": {
+    // The UID makes the patch a precondition, as the real kubelet's status patches: a pod
+    // deleted and made again under the same name meanwhile is another pod, not this one.
+    let status = json!({ "metadata": { "uid": pod_uid }, "status": {
         "phase": "Running", "hostIP": "127.0.0.1", "hostIPs": [ { "ip": "127.0.0.1" } ],
         "podIP": ip, "podIPs": [ { "ip": ip } ], "startTime": now,
         "conditions": [ condition("PodReadyToStartContainers"), condition("Initialized"),

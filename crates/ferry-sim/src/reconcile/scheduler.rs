@@ -254,7 +254,8 @@ async fn unschedulable(ctx: &Ctx, pod: &Pod, message: &str) -> Result<(), SimErr
     }
     let ns = namespace(&pod.metadata);
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let status = json!({ "status": { "phase": "Pending", "conditions": [ {
+    // The UID makes the patch a precondition: a pod made again under the same name is another.
+    let status = json!({ "metadata": { "uid": super::uid(&pod.metadata) }, "status": { "phase": "Pending", "conditions": [ {
         "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
         "message": message, "lastTransitionTime": super::now(), "lastProbeTime": null } ] } });
     api.patch_status(name(&pod.metadata), &PatchParams::default(), &Patch::Merge(&status))

@@ -5,4 +5,5 @@ mod cleanup;
 mod pods;
 mod snapshots;
 mod support;
+mod uid_precondition;
 mod volumes;
