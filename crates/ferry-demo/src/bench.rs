@@ -54,6 +54,8 @@ pub async fn bare_backup(world: &World, ferry: &Path, tree: &FsTree) -> anyhow::
     let data = dir.path().join("data");
     std::fs::create_dir(&data)?;
     tree.write_to(&data).context("writing the data set for the bare backup")?;
+    // The DataUpload read a freshly exposed snapshot, cold; so does the bare backup.
+    evict_from_page_cache(&data).context("evicting the data set from the page cache")?;
     let password = dir.path().join("password");
     std::fs::write(&password, "ferry-demo-bench")?;
     let repo = format!("s3://{BUCKET}/bench/bare-{}", std::process::id());
@@ -87,6 +89,28 @@ pub async fn bare_backup(world: &World, ferry: &Path, tree: &FsTree) -> anyhow::
     Ok(took)
 }
 
+/// Writes back and drops every file under `root` from the page cache (`POSIX_FADV_DONTNEED`),
+/// so that reading it again goes to the disk, as reading a snapshot just exposed does.
+fn evict_from_page_cache(root: &Path) -> std::io::Result<()> {
+    use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
+    let mut dirs = vec![root.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                dirs.push(entry.path());
+            } else if kind.is_file() {
+                let file = std::fs::File::open(entry.path())?;
+                file.sync_all()?;
+                posix_fadvise(&file, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED)
+                    .map_err(std::io::Error::from)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The bench's report, with the targets next to the readings.
 pub fn print(bench: &Bench) {
     println!("\n\x1b[1mNode agent targets\x1b[0m");
@@ -101,10 +125,13 @@ pub fn print(bench: &Bench) {
         let ratio = upload.elapsed.as_secs_f64() / bare.as_secs_f64().max(0.001);
         let verdict = if ratio <= 1.5 { "met" } else { "NOT met" };
         println!(
-            "  first backup of {}: DataUpload created -> Completed {:.1}s, bare `ferry backup` \
-             {:.1}s: {ratio:.2}x (target <= 1.5x: {verdict})",
+            "  first backup of {}: DataUpload created -> Completed {:.1}s (exposing {:.1}s, \
+             moving {:.1}s), bare `ferry backup` from a cold page cache {:.1}s: {ratio:.2}x \
+             (target <= 1.5x: {verdict})",
             mb(upload.bytes),
             upload.elapsed.as_secs_f64(),
+            upload.elapsed.saturating_sub(upload.moving).as_secs_f64(),
+            upload.moving.as_secs_f64(),
             bare.as_secs_f64()
         );
         match upload.first_progress {
