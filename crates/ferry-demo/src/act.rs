@@ -133,8 +133,11 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
     print_transfer(&first);
     report.transfers.push(first.clone());
     if let Some(bench) = report.bench.as_mut() {
-        println!("  (bench) the same data with a bare `ferry backup` into a new repository");
-        let bare = crate::bench::bare_backup(world, &opts.ferry, &tree).await?;
+        println!("  (bench) the same volume with a bare `ferry backup` into a new repository");
+        let (path, reader) = crate::bench::volume_for_bare_backup(world, &ns, PVC).await?;
+        let bare = crate::bench::bare_backup(world, &opts.ferry, &path).await;
+        crate::bench::remove_reader(world, &ns, &reader).await?;
+        let bare = bare?;
         println!("  bare backup: {:.1}s", bare.as_secs_f64());
         bench.bare = Some(bare);
         bench.upload = Some(first.clone());

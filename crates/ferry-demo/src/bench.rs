@@ -2,12 +2,14 @@
 //! idle, the time from a DataUpload's creation to Completed against a bare `ferry backup` of the
 //! same data into the same S3 server, and how soon progress shows on the CR.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ferry_sim::FsTree;
+use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use ferry_sim::VolumeMode;
+use kube::api::{Api, DeleteParams, PostParams};
 
 use crate::act::{Transfer, mb};
 use crate::world::{ACCESS_KEY, BUCKET, SECRET_KEY, World};
@@ -44,18 +46,40 @@ pub async fn idle_memory(world: &World, idle: Duration) -> anyhow::Result<Vec<(S
     world.agents.iter().map(|(node, agent)| Ok((node.clone(), rss(agent.pid())?))).collect()
 }
 
-/// `ferry repo init` and `ferry backup` of `tree` (written to a local directory first) into a
-/// new repository on the demo's S3 server; returns the backup's wall time.
+/// The same volume the DataUpload backed up: claim `pvc` of `namespace`, mounted by a reader
+/// pod on a simulated node, with its files and its loop device's backing image dropped from
+/// the page cache (the DataUpload read a freshly exposed snapshot, cold). Returns the mount
+/// path and the reader pod's name (delete it after).
 ///
 /// # Errors
-/// Writing the tree or either command failed.
-pub async fn bare_backup(world: &World, ferry: &Path, tree: &FsTree) -> anyhow::Result<Duration> {
+/// The pod did not run, or the cache could not be dropped.
+pub async fn volume_for_bare_backup(
+    world: &World,
+    namespace: &str,
+    pvc: &str,
+) -> anyhow::Result<(PathBuf, String)> {
+    let sim = world.sim()?;
+    let name = "bench-bare-reader".to_owned();
+    let pod = ferry_sim::pod_object(&name, pvc, VolumeMode::Filesystem)?;
+    let pods: Api<Pod> = Api::namespaced(world.client()?, namespace);
+    pods.create(&PostParams::default(), &pod).await.context("creating the reader pod")?;
+    let pod = sim.wait_pod_running(namespace, &name, Duration::from_secs(120)).await?;
+    let path = sim.pod_claim_path(&pod, pvc).await?;
+    evict_from_page_cache(&path).context("dropping the volume's files from the page cache")?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(world.client()?, namespace);
+    let pv = claims.get(pvc).await?.spec.and_then(|s| s.volume_name).unwrap_or_default();
+    evict_file(&sim.volume_image(&pv))
+        .context("dropping the volume's image from the page cache")?;
+    Ok((path, name))
+}
+
+/// `ferry repo init` and `ferry backup` of the files at `data` into a new repository on the
+/// demo's S3 server; returns the backup's wall time.
+///
+/// # Errors
+/// Either command failed.
+pub async fn bare_backup(world: &World, ferry: &Path, data: &Path) -> anyhow::Result<Duration> {
     let dir = tempfile::Builder::new().prefix("ferry-demo-bare-").tempdir()?;
-    let data = dir.path().join("data");
-    std::fs::create_dir(&data)?;
-    tree.write_to(&data).context("writing the data set for the bare backup")?;
-    // The DataUpload read a freshly exposed snapshot, cold; so does the bare backup.
-    evict_from_page_cache(&data).context("evicting the data set from the page cache")?;
     let password = dir.path().join("password");
     std::fs::write(&password, "ferry-demo-bench")?;
     let repo = format!("s3://{BUCKET}/bench/bare-{}", std::process::id());
@@ -81,7 +105,7 @@ pub async fn bare_backup(world: &World, ferry: &Path, tree: &FsTree) -> anyhow::
         bail!("ferry repo init --repo {repo} failed: {status}");
     }
     let start = Instant::now();
-    let status = run(vec!["backup".into(), data.into_os_string()]).status().await?;
+    let status = run(vec!["backup".into(), data.as_os_str().to_owned()]).status().await?;
     let took = start.elapsed();
     if !status.success() {
         bail!("ferry backup --repo {repo} failed: {status}");
@@ -92,7 +116,6 @@ pub async fn bare_backup(world: &World, ferry: &Path, tree: &FsTree) -> anyhow::
 /// Writes back and drops every file under `root` from the page cache (`POSIX_FADV_DONTNEED`),
 /// so that reading it again goes to the disk, as reading a snapshot just exposed does.
 fn evict_from_page_cache(root: &Path) -> std::io::Result<()> {
-    use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
     let mut dirs = vec![root.to_owned()];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir)? {
@@ -101,13 +124,29 @@ fn evict_from_page_cache(root: &Path) -> std::io::Result<()> {
             if kind.is_dir() {
                 dirs.push(entry.path());
             } else if kind.is_file() {
-                let file = std::fs::File::open(entry.path())?;
-                file.sync_all()?;
-                posix_fadvise(&file, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED)
-                    .map_err(std::io::Error::from)?;
+                evict_file(&entry.path())?;
             }
         }
     }
+    Ok(())
+}
+
+/// Writes back and drops one file from the page cache.
+fn evict_file(path: &Path) -> std::io::Result<()> {
+    use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
+    let file = std::fs::File::open(path)?;
+    file.sync_all()?;
+    posix_fadvise(&file, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED)
+        .map_err(std::io::Error::from)
+}
+
+/// Deletes the reader pod of [`volume_for_bare_backup`].
+///
+/// # Errors
+/// The API server refused.
+pub async fn remove_reader(world: &World, namespace: &str, name: &str) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(world.client()?, namespace);
+    pods.delete(name, &DeleteParams::default()).await.context("deleting the reader pod")?;
     Ok(())
 }
 
