@@ -8,7 +8,7 @@ use ferry_api::{DataUpload, DataUploadPhase};
 use kube::api::ListParams;
 
 use crate::sim::{Behaviour, Placement, Sim};
-use crate::support::{TestCluster, unique, wait_for};
+use crate::support::TestCluster;
 
 const NODES: [&str; 1] = ["queue-node"];
 
@@ -63,16 +63,8 @@ async fn the_prepare_queue_holds_new_uploads_back_and_all_complete() {
             }
         })
     };
-    let names: Vec<String> = (0..6).map(|i| unique(&format!("pq{i}"))).collect();
-    for name in &names {
-        cluster.create_upload(name).await;
-    }
-    for name in &names {
-        wait_for(&cluster.uploads, name, "Completed", |du| {
-            du.phase() == DataUploadPhase::Completed
-        })
-        .await;
-    }
+    let names = cluster.uploads_all_completed("pq", 6).await;
+    assert_eq!(names.len(), 6);
     stop.cancel();
     watcher.await.expect("watcher");
     let seen = *seen.lock().expect("seen");

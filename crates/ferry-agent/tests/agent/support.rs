@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use ferry_agent::{Agent, AgentConfig, REPORTING_CONTROLLER};
 use ferry_api::k8s_openapi::api::events::v1::Event;
 use ferry_api::{
-    CsiSnapshotSpec, DataDownload, DataDownloadSpec, DataUpload, DataUploadSpec, GoDuration,
-    SnapshotType, TargetVolumeSpec, keys, naming,
+    CsiSnapshotSpec, DataDownload, DataDownloadSpec, DataUpload, DataUploadPhase, DataUploadSpec,
+    GoDuration, SnapshotType, TargetVolumeSpec, keys, naming,
 };
 use ferry_testbed::{ControlPlane, VELERO_NAMESPACE};
 use futures::StreamExt;
@@ -184,6 +184,22 @@ impl TestCluster {
             .create(&Default::default(), &data_download(name, &self.data_mover))
             .await
             .expect("create DataDownload")
+    }
+
+    /// Creates `count` uploads named after `prefix` at once and waits until every one is
+    /// Completed; returns their names.
+    pub async fn uploads_all_completed(&self, prefix: &str, count: usize) -> Vec<String> {
+        let names: Vec<String> = (0..count).map(|i| unique(&format!("{prefix}{i}"))).collect();
+        for name in &names {
+            self.create_upload(name).await;
+        }
+        for name in &names {
+            wait_for(&self.uploads, name, "Completed", |du: &DataUpload| {
+                du.phase() == DataUploadPhase::Completed
+            })
+            .await;
+        }
+        names
     }
 
     /// Events the agents published on the CR named `name`, as reasons.

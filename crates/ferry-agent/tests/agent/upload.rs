@@ -277,16 +277,7 @@ async fn the_concurrency_limit_queues_work_without_stalling_it() {
     let sim = Sim::new(Placement::Accepting, slow);
     let mut cluster = TestCluster::new(sim.clone(), |c| c.concurrency = 1);
     cluster.start_agents(&NODES[..1]).await;
-    let names: Vec<String> = (0..5).map(|i| unique(&format!("queue{i}"))).collect();
-    for name in &names {
-        cluster.create_upload(name).await;
-    }
-    for name in &names {
-        wait_for(&cluster.uploads, name, "Completed", |du| {
-            du.phase() == DataUploadPhase::Completed
-        })
-        .await;
-    }
+    let names = cluster.uploads_all_completed("queue", 5).await;
     let (_, per_node) = sim.max_active();
     assert_eq!(per_node, 1, "the limit of one movement per node was exceeded");
     assert_eq!(sim.count(|c| matches!(c, Call::MoveDone { .. })), names.len());
