@@ -13,12 +13,11 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::queue::PrepareQueue;
-
 use crate::context::Ctx;
 use crate::events::Events;
 use crate::jobs::Jobs;
 use crate::liveness::{self, Liveness};
+use crate::queue::PrepareQueue;
 use crate::reconcile::{error_policy, reconcile};
 use crate::resource::MoverCr;
 use crate::{AgentConfig, AgentError, Backends, Metrics};

@@ -47,8 +47,9 @@ pub struct AgentConfig {
 
 impl AgentConfig {
     /// The defaults for an agent on `node_name`: Velero's namespace `velero`, data mover
-    /// `ferry`, progress every 3 s and a Progress event every 30 s, a 30-minute prepare timeout, one data movement at a time,
-    /// a 15 s lease, a recheck every 5 s.
+    /// `ferry`, progress every 3 s and a Progress event every 30 s, a 30-minute prepare
+    /// timeout, one data movement at a time, no prepare queue limit, a 15 s lease, a recheck
+    /// every 5 s.
     #[must_use]
     pub fn new(node_name: impl Into<String>) -> Self {
         Self {

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use kube::api::{Api, ListParams};
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio::sync::{Mutex, MutexGuard};
 
 use crate::resource::{MoverCr, Phase};
 use ferry_api::{DataDownload, DataUpload};
@@ -55,8 +55,8 @@ impl PrepareQueue {
     }
 
     /// This node's turn to count and accept; others wait until the guard drops.
-    pub(crate) async fn turn(&self) -> OwnedMutexGuard<()> {
-        Arc::clone(&self.turn).lock_owned().await
+    pub(crate) async fn turn(&self) -> MutexGuard<'_, ()> {
+        self.turn.lock().await
     }
 
     /// How many CRs occupy the queue now, and whether one more fits.

@@ -86,26 +86,22 @@ async fn reconcile_new<C: MoverCr>(
     if cr.cancel_requested() {
         return cancel_new(cr, ctx).await;
     }
-    let _turn = match &ctx.queue {
-        None => None,
-        Some(queue) => Some(queue.turn().await),
-    };
-    if let Some(queue) = &ctx.queue {
-        let (used, room) = queue.room().await.map_err(|source| ReconcileError::Queue {
-            kind: C::KIND,
-            name: cr.name_any(),
-            source: Box::new(source),
-        })?;
-        if !room {
-            tracing::debug!(
-                kind = C::KIND,
-                name = %cr.name_any(),
-                used,
-                limit = queue.limit(),
-                "prepare queue full; staying New"
-            );
-            return Ok(Action::requeue(ctx.config.recheck_interval));
-        }
+    let Some(queue) = &ctx.queue else { return accept(cr, ctx).await };
+    let _turn = queue.turn().await;
+    let (used, room) = queue.room().await.map_err(|source| ReconcileError::Queue {
+        kind: C::KIND,
+        name: cr.name_any(),
+        source: Box::new(source),
+    })?;
+    if !room {
+        tracing::debug!(
+            kind = C::KIND,
+            name = %cr.name_any(),
+            used,
+            limit = queue.limit(),
+            "prepare queue full; staying New"
+        );
+        return Ok(Action::requeue(ctx.config.recheck_interval));
     }
     accept(cr, ctx).await
 }
