@@ -208,9 +208,8 @@ impl Exposer<DataUpload> for CsiBackupExposer {
         })?;
         let source_class = du.spec.csi_snapshot.as_ref().map(|c| c.storage_class.clone());
         let source_class = source_class.unwrap_or_default();
-        let storage_class =
-            self.config.backup_storage_class.get(&source_class).cloned().unwrap_or(source_class);
-        let read_only = self.config.backup_read_only.contains(&storage_class);
+        let storage_class = self.config.backup_pvc_class(&source_class);
+        let read_only = self.config.backup_pvc_read_only(&source_class);
         let claim = objects::claim(&ClaimSpec {
             namespace: ns,
             name: &name,
@@ -235,6 +234,8 @@ impl Exposer<DataUpload> for CsiBackupExposer {
                 labels: &labels,
                 owner: &owner,
                 avoid: &params.avoid_nodes,
+                // Velero picks the rule by the backup PVC's class.
+                storage_class: &storage_class,
             },
         )?;
         pod::ensure_holder(&self.pods(), &holder, &params.avoid_nodes, timeout, cancel).await?;

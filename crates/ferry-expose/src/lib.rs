@@ -15,6 +15,10 @@
 //!   pointed at the target with the `velero.io/dynamic-pv-restore` label, the bind awaited, the
 //!   reclaim policy put back.
 //!
+//! Velero's node-agent ConfigMap shapes both: [`ExposerConfig::apply_node_agent_config`] maps
+//! its `backupPVC`, `restorePVC`, `priorityClassName`, `loadAffinity` (node affinity of the
+//! holding pods, per storage class), `podResources`, `podLabels` and `podAnnotations`.
+//!
 //! Every wait is bounded by the CR's `operationTimeout` and its cancellation, and a pod that
 //! fails or cannot be scheduled fails the CR with the cluster's reason. Every step is
 //! idempotent: an agent that restarts (or a node that takes a CR over) runs them again and
@@ -26,14 +30,20 @@ mod error;
 mod kubelet;
 mod objects;
 mod ops;
+mod placement;
 mod pod;
+mod quantity;
+mod resources;
 mod restore;
 mod wait;
 
 pub use backup::CsiBackupExposer;
-pub use config::ExposerConfig;
+pub use config::{ExposerConfig, ExposerConfigError};
 pub use error::ExposeError;
 pub use kubelet::{find_volume, pod_volume_path};
+pub use placement::LoadAffinity;
+pub use quantity::QuantityError;
+pub use resources::{PodResourcesError, pod_resources};
 pub use restore::CsiRestoreExposer;
 
 /// Labels and annotations Ferry puts on the objects it creates.

@@ -8,7 +8,7 @@ use ferry_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use ferry_api::{VolumeSnapshot, VolumeSnapshotContent};
 use serde_json::json;
 
-use crate::{ExposeError, ExposerConfig};
+use crate::{ExposeError, ExposerConfig, placement};
 
 /// Velero's name for the container path of an exposed file-system volume, kept for familiarity.
 const MOUNT_PATH: &str = "/volume";
@@ -148,6 +148,9 @@ pub(crate) struct HolderSpec<'a> {
     pub owner: &'a OwnerReference,
     /// Nodes the pod must not be placed on (their agents stopped).
     pub avoid: &'a [String],
+    /// The storage class that picks the `loadAffinity` rule (empty: none); the rule is not
+    /// used when the pod is pinned to `node`.
+    pub storage_class: &'a str,
 }
 
 /// A pod that only holds the volume so the kubelet attaches and mounts it on its node.
@@ -156,7 +159,7 @@ pub(crate) fn holder_pod(config: &ExposerConfig, h: &HolderSpec<'_>) -> Result<P
         "name": "hold",
         "image": config.pod_image,
         "command": config.pod_command,
-        "resources": { "requests": { "cpu": "10m", "memory": "16Mi" } },
+        "resources": config.pod_resources,
     });
     match h.mode {
         VolumeMode::Filesystem => {
@@ -179,30 +182,128 @@ pub(crate) fn holder_pod(config: &ExposerConfig, h: &HolderSpec<'_>) -> Result<P
         "tolerations": [{ "operator": "Exists" }],
     });
     if let Some(node) = h.node {
-        spec["nodeSelector"] = json!({ "kubernetes.io/hostname": node });
+        spec["nodeSelector"] = json!({ placement::HOSTNAME_LABEL: node });
     }
-    if !h.avoid.is_empty() {
-        spec["affinity"] = json!({ "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": { "nodeSelectorTerms": [{
-                "matchExpressions": [{
-                    "key": "kubernetes.io/hostname", "operator": "NotIn", "values": h.avoid,
-                }],
-            }] },
-        } });
+    // As Velero: a pod pinned to the node a WaitForFirstConsumer target selected ignores
+    // the configured placement.
+    let rule = if h.node.is_some() { None } else { config.load_affinity_for(h.storage_class) };
+    if let Some(affinity) = placement::node_affinity(rule, h.avoid) {
+        spec["affinity"] = json!(affinity);
     }
     if let Some(class) = &config.priority_class_name {
         spec["priorityClassName"] = json!(class);
     }
+    let mut metadata = json!({
+        "name": h.name, "namespace": h.namespace,
+        "labels": placement::pod_labels(&config.pod_labels, h.labels),
+        "ownerReferences": [h.owner],
+    });
+    if !config.pod_annotations.is_empty() {
+        metadata["annotations"] = json!(config.pod_annotations);
+    }
     from_json(
         "holding Pod",
-        json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": h.name, "namespace": h.namespace, "labels": h.labels,
-                "ownerReferences": [h.owner],
-            },
-            "spec": spec,
-        }),
+        json!({ "apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec }),
     )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // Tests fail loudly by design.
+mod tests {
+    use super::*;
+    use ferry_api::node_agent_config::parse;
+    use serde_json::Value;
+
+    fn config() -> ExposerConfig {
+        let mut config = ExposerConfig::new("img");
+        let json = r#"{
+            "loadAffinity": [
+                {"nodeSelector": {"matchLabels": {"pool": "any"}}},
+                {"nodeSelector": {"matchLabels": {"pool": "fast"}}, "storageClass": "fast"}
+            ],
+            "podResources": {"cpuRequest": "0", "cpuLimit": "2", "memoryRequest": "1Gi",
+                "memoryLimit": "0", "ephemeralStorageLimit": "1Gi"},
+            "podLabels": {"team": "storage", "ferry.io/created-by": "someone-else"},
+            "podAnnotations": {"note": "held by Ferry"}
+        }"#;
+        config.apply_node_agent_config(&parse(json).unwrap()).unwrap();
+        config
+    }
+
+    fn pod(config: &ExposerConfig, node: Option<&str>, class: &str, avoid: &[String]) -> Value {
+        let labels = BTreeMap::from([("ferry.io/created-by".to_owned(), "ferry".to_owned())]);
+        let owner = OwnerReference {
+            api_version: "velero.io/v2alpha1".into(),
+            kind: "DataUpload".into(),
+            name: "du".into(),
+            uid: "u-1".into(),
+            ..OwnerReference::default()
+        };
+        let spec = HolderSpec {
+            namespace: "velero",
+            name: "du",
+            claim: "du",
+            mode: VolumeMode::Filesystem,
+            read_only: false,
+            node,
+            labels: &labels,
+            owner: &owner,
+            avoid,
+            storage_class: class,
+        };
+        serde_json::to_value(holder_pod(config, &spec).unwrap()).unwrap()
+    }
+
+    fn pools(pod: &Value) -> Vec<Value> {
+        let terms = &pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        terms[0]["matchExpressions"].as_array().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn the_configured_metadata_and_resources_are_applied() {
+        let pod = pod(&config(), None, "fast", &[]);
+        assert_eq!(
+            pod["metadata"]["labels"],
+            json!({"team": "storage", "ferry.io/created-by": "ferry"}),
+            "Ferry's label wins"
+        );
+        assert_eq!(pod["metadata"]["annotations"], json!({"note": "held by Ferry"}));
+        assert_eq!(
+            pod["spec"]["containers"][0]["resources"],
+            json!({"requests": {"memory": "1Gi"}, "limits": {"cpu": "2", "ephemeral-storage": "1Gi"}})
+        );
+    }
+
+    #[test]
+    fn the_storage_class_picks_the_affinity_rule() {
+        let config = config();
+        let expected = |pool: &str| json!({"key": "pool", "operator": "In", "values": [pool]});
+        assert_eq!(pools(&pod(&config, None, "fast", &[])), [expected("fast")]);
+        assert_eq!(pools(&pod(&config, None, "slow", &[])), [expected("any")]);
+        let avoid = ["stopped".to_owned()];
+        assert_eq!(
+            pools(&pod(&config, None, "", &avoid)),
+            [
+                expected("any"),
+                json!({"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["stopped"]})
+            ]
+        );
+        // Pinned to the selected node: no rule, only the node selector.
+        let pinned = pod(&config, Some("n1"), "fast", &[]);
+        assert_eq!(pinned["spec"]["affinity"], Value::Null);
+        assert_eq!(pinned["spec"]["nodeSelector"], json!({"kubernetes.io/hostname": "n1"}));
+    }
+
+    #[test]
+    fn without_a_config_map_the_pod_is_as_before() {
+        let pod = pod(&ExposerConfig::new("img"), None, "fast", &[]);
+        assert_eq!(pod["metadata"]["labels"], json!({"ferry.io/created-by": "ferry"}));
+        assert_eq!(pod["metadata"]["annotations"], Value::Null);
+        assert_eq!(pod["spec"]["affinity"], Value::Null);
+        assert_eq!(
+            pod["spec"]["containers"][0]["resources"],
+            json!({"requests": {"cpu": "10m", "memory": "16Mi"}})
+        );
+    }
 }

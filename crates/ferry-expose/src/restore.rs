@@ -196,6 +196,7 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
                 labels: &labels,
                 owner: &owner,
                 avoid: &params.avoid_nodes,
+                storage_class: class.as_deref().unwrap_or_default(),
             },
         )?;
         pod::ensure_holder(&self.pods(), &holder, &params.avoid_nodes, timeout, cancel).await?;

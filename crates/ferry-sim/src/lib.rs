@@ -1,9 +1,10 @@
 //! A node simulator for Ferry's tests: the cluster parts a bare kube-apiserver lacks, played
 //! against the real API server with real storage.
 //!
-//! [`NodeSim::start`] registers simulated [`Node`](k8s_openapi::api::core::v1::Node)s, a CSI
-//! driver with two StorageClasses (Immediate and WaitForFirstConsumer binding) and a
-//! VolumeSnapshotClass, then runs, in tokio tasks owned by the handle:
+//! [`NodeSim::start`] registers simulated [`Node`](k8s_openapi::api::core::v1::Node)s (with the
+//! labels a test adds in [`SimConfig::node_labels`]), a CSI driver with two StorageClasses
+//! (Immediate and WaitForFirstConsumer binding) and a VolumeSnapshotClass, then runs, in tokio
+//! tasks owned by the handle:
 //!
 //! - a **provisioner** (external-provisioner + CSI controller): PVCs of its classes get a PV
 //!   backed by a loop device over a sparse image, ext4 for `Filesystem`, raw for `Block`;

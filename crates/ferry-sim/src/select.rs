@@ -101,4 +101,64 @@ mod tests {
         assert!(node_selector_matches(&not_in, "n", &labels(&[])));
         assert!(!node_selector_matches(&not_in, "n", &labels(&[("zone", "x")])));
     }
+
+    fn expr(key: &str, op: &str, vals: &[&str]) -> NodeSelectorRequirement {
+        NodeSelectorRequirement {
+            key: key.into(),
+            operator: op.into(),
+            values: (!vals.is_empty()).then(|| vals.iter().map(|v| (*v).to_owned()).collect()),
+        }
+    }
+
+    fn one_term(exprs: Vec<NodeSelectorRequirement>) -> NodeSelector {
+        NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_expressions: Some(exprs),
+                match_fields: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn node_selector_operators() {
+        let node = labels(&[("pool", "movers"), ("cores", "16"), ("zone", "b")]);
+        let holds =
+            |e: NodeSelectorRequirement| node_selector_matches(&one_term(vec![e]), "n", &node);
+        assert!(holds(expr("pool", "In", &["x", "movers"])));
+        assert!(!holds(expr("pool", "In", &["x"])));
+        assert!(!holds(expr("absent", "In", &["x"])));
+        assert!(holds(expr("pool", "NotIn", &["x"])));
+        assert!(!holds(expr("pool", "NotIn", &["movers"])));
+        assert!(holds(expr("absent", "NotIn", &["x"])), "NotIn holds when the label is missing");
+        assert!(holds(expr("zone", "Exists", &[])));
+        assert!(!holds(expr("absent", "Exists", &[])));
+        assert!(holds(expr("absent", "DoesNotExist", &[])));
+        assert!(!holds(expr("zone", "DoesNotExist", &[])));
+        assert!(holds(expr("cores", "Gt", &["8"])));
+        assert!(!holds(expr("cores", "Gt", &["16"])));
+        assert!(holds(expr("cores", "Lt", &["17"])));
+        assert!(!holds(expr("cores", "Lt", &["16"])));
+        assert!(!holds(expr("zone", "Gt", &["1"])), "Gt on a non-number does not hold");
+        assert!(!holds(expr("absent", "Lt", &["1"])), "Lt on a missing label does not hold");
+        assert!(!holds(expr("pool", "Like", &["movers"])), "unknown operators never hold");
+    }
+
+    #[test]
+    fn node_selector_expressions_are_anded_and_empty_terms_match_nothing() {
+        let node = labels(&[("pool", "movers"), ("zone", "b")]);
+        let both = one_term(vec![expr("pool", "In", &["movers"]), expr("zone", "In", &["b"])]);
+        assert!(node_selector_matches(&both, "n", &node));
+        let one_fails = one_term(vec![expr("pool", "In", &["movers"]), expr("zone", "In", &["a"])]);
+        assert!(!node_selector_matches(&one_fails, "n", &node));
+        assert!(!node_selector_matches(&one_term(vec![]), "n", &node));
+        assert!(!node_selector_matches(&NodeSelector { node_selector_terms: vec![] }, "n", &node));
+        let by_name = NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_expressions: None,
+                match_fields: Some(vec![expr("metadata.name", "In", &["n"])]),
+            }],
+        };
+        assert!(node_selector_matches(&by_name, "n", &node));
+        assert!(!node_selector_matches(&by_name, "m", &node));
+    }
 }

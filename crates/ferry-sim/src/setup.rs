@@ -10,9 +10,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use crate::SimError;
 use crate::error::{is_already_exists, is_not_found};
+use crate::reconcile::node_labels;
 use crate::sim::{Binding, Ctx};
-use crate::{HOSTNAME_LABEL, SIM_NODE_LABEL, SimError};
 
 /// Creates the simulator's objects (replacing leftovers of an earlier run with the same id).
 pub(crate) async fn register(ctx: &Ctx) -> Result<(), SimError> {
@@ -40,10 +41,9 @@ pub(crate) async fn register(ctx: &Ctx) -> Result<(), SimError> {
     .await?;
     let nodes: Api<Node> = Api::all(client.clone());
     for node in &ctx.nodes {
+        let labels = node_labels(ctx, node);
         let obj: Node = serde_json::from_value(json!({
-            "metadata": { "name": node.name, "labels": {
-                HOSTNAME_LABEL: node.name, "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64", SIM_NODE_LABEL: n.id } },
+            "metadata": { "name": node.name, "labels": labels },
             "spec": {}
         }))
         .map_err(|e| invalid("Node", &e))?;

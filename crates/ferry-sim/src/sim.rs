@@ -1,5 +1,6 @@
 //! The simulator handle: configuration, start, shutdown, paths.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,7 +8,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::{CSI_PLUGIN_DIR, SimError, janitor, reconcile, setup};
+use crate::{CSI_PLUGIN_DIR, HOSTNAME_LABEL, SIM_NODE_LABEL, SimError, janitor, reconcile, setup};
 
 /// How a StorageClass binds its PVCs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -71,6 +72,11 @@ pub struct SimConfig {
     pub id: Option<String>,
     /// How often every controller re-checks everything even without a watch event.
     pub resync: Duration,
+    /// Extra labels per node name, on the Node objects and seen by the scheduler (e.g. a
+    /// zone or pool a test's node affinity selects). Every key must name a simulated node (so
+    /// name the nodes in [`SimConfig::nodes`]); the labels cannot change
+    /// `kubernetes.io/hostname` or `ferry.io/node-sim`, which the simulator relies on.
+    pub node_labels: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Default for SimConfig {
@@ -81,6 +87,7 @@ impl Default for SimConfig {
             namespaces: Vec::new(),
             id: None,
             resync: Duration::from_millis(500),
+            node_labels: BTreeMap::new(),
         }
     }
 }
@@ -100,6 +107,8 @@ pub(crate) struct Names {
 pub(crate) struct SimNode {
     pub name: String,
     pub kubelet_root: PathBuf,
+    /// The labels the test asked for, besides the built-in ones.
+    pub extra_labels: BTreeMap<String, String>,
 }
 
 /// What the simulator's tasks share with its handle.
@@ -166,6 +175,7 @@ impl NodeSim {
         } else {
             config.nodes.clone()
         };
+        check_node_labels(&config.node_labels, &node_names)?;
         let dir =
             config.parent_dir.join(format!("{}{}-{id}", janitor::DIR_PREFIX, std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| SimError::io("creating", &dir, e))?;
@@ -177,7 +187,8 @@ impl NodeSim {
             let kubelet_root = dir.join("nodes").join(&name).join("var/lib/kubelet");
             std::fs::create_dir_all(kubelet_root.join("pods"))
                 .map_err(|e| SimError::io("creating", &kubelet_root, e))?;
-            nodes.push(SimNode { name, kubelet_root });
+            let extra_labels = config.node_labels.get(&name).cloned().unwrap_or_default();
+            nodes.push(SimNode { name, kubelet_root, extra_labels });
         }
         let ctx = Arc::new(Ctx {
             client,
@@ -310,6 +321,31 @@ impl Drop for NodeSim {
         }
         janitor::cleanup_dir(&self.ctx.dir);
     }
+}
+
+/// Refuses extra node labels for nodes that are not simulated, or that would change the labels
+/// the simulator relies on.
+fn check_node_labels(
+    labels: &BTreeMap<String, BTreeMap<String, String>>,
+    nodes: &[String],
+) -> Result<(), SimError> {
+    for (node, pairs) in labels {
+        if !nodes.contains(node) {
+            return Err(SimError::Invalid {
+                what: format!("labels of node {node}"),
+                reason: format!("no such simulated node (nodes: {})", nodes.join(", ")),
+            });
+        }
+        if let Some(key) =
+            pairs.keys().find(|k| [HOSTNAME_LABEL, SIM_NODE_LABEL].contains(&k.as_str()))
+        {
+            return Err(SimError::Invalid {
+                what: format!("labels of node {node}"),
+                reason: format!("label {key} is set by the simulator"),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `n` random lowercase hex digits.

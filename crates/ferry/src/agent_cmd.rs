@@ -154,21 +154,9 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
         if let Some(n) = config.prepare_queue_length() {
             prepare_queue_length = Some(n);
         }
-        for (class, pvc) in &config.backup_pvc {
-            if !pvc.storage_class.is_empty() {
-                exposer.backup_storage_class.insert(class.clone(), pvc.storage_class.clone());
-            }
-            if pvc.read_only {
-                exposer.backup_read_only.push(
-                    if pvc.storage_class.is_empty() { class } else { &pvc.storage_class }.clone(),
-                );
-            }
-        }
-        exposer.ignore_delay_binding =
-            config.restore_pvc.as_ref().is_some_and(|r| r.ignore_delay_binding);
-        if !config.priority_class_name.is_empty() {
-            exposer.priority_class_name = Some(config.priority_class_name.clone());
-        }
+        exposer
+            .apply_node_agent_config(&config)
+            .with_context(|| format!("ConfigMap {}/{name}", args.namespace))?;
         let queue = prepare_queue_length.map_or_else(|| "no limit".to_owned(), |n| n.to_string());
         eprintln!(
             "ferry agent: configuration from ConfigMap {name}: concurrency {concurrency}, \

@@ -10,6 +10,8 @@ mod scheduler;
 mod snapshots;
 mod volumes;
 
+pub(crate) use scheduler::node_labels;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;

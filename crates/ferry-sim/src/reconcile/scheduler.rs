@@ -92,16 +92,17 @@ fn relevant(ctx: &Ctx, world: &World, pod: &Pod) -> bool {
         || selector.get(SIM_NODE_LABEL) == Some(&ctx.names.id)
 }
 
+/// A node's labels: the built-in ones over the test's extra labels (which cannot name
+/// `kubernetes.io/hostname` or the simulator label; [`SimConfig`](crate::SimConfig) checks).
 pub(crate) fn node_labels(ctx: &Ctx, node: &SimNode) -> BTreeMap<String, String> {
-    [
-        (HOSTNAME_LABEL, node.name.as_str()),
-        ("kubernetes.io/os", "linux"),
-        ("kubernetes.io/arch", "amd64"),
-        (SIM_NODE_LABEL, ctx.names.id.as_str()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect()
+    let mut labels = BTreeMap::from(
+        [("kubernetes.io/os", "linux"), ("kubernetes.io/arch", "amd64")]
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+    );
+    labels.extend(node.extra_labels.clone());
+    labels.insert(HOSTNAME_LABEL.to_owned(), node.name.clone());
+    labels.insert(SIM_NODE_LABEL.to_owned(), ctx.names.id.clone());
+    labels
 }
 
 fn decide(

@@ -17,6 +17,12 @@ pub struct Env {
 
 impl Env {
     pub async fn new(prefix: &str) -> Self {
+        Self::with(prefix, |_, _| {}).await
+    }
+
+    /// As [`Env::new`], with `adjust` changing the simulator's configuration (it gets the
+    /// test's namespace, a unique name to derive node names from).
+    pub async fn with(prefix: &str, adjust: impl FnOnce(&str, &mut SimConfig)) -> Self {
         let _ = tracing_subscriber::fmt()
             .with_env_filter("ferry_sim=debug")
             .with_test_writer()
@@ -24,7 +30,8 @@ impl Env {
         let cp = ControlPlane::shared();
         let client = cp.client().expect("client");
         let ns = cp.unique_namespace(prefix).await.expect("namespace");
-        let config = SimConfig { namespaces: vec![ns.clone()], ..SimConfig::default() };
+        let mut config = SimConfig { namespaces: vec![ns.clone()], ..SimConfig::default() };
+        adjust(&ns, &mut config);
         let sim = NodeSim::start(client.clone(), config).await.expect("simulator starts");
         Self { client, ns, sim }
     }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use ferry_api::k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret};
 use ferry_api::k8s_openapi::api::events::v1::Event;
 use ferry_api::{DataDownload, DataUpload, VolumeSnapshot, VolumeSnapshotContent};
 use ferry_sim::{Binding, NodeSim, SimConfig, VolumeMode};
@@ -30,6 +30,18 @@ pub struct World {
     pub bsl: String,
     pub agents: BTreeMap<String, Guarded>,
     pub logs: tempfile::TempDir,
+    /// Arguments every agent gets besides the harness's own.
+    pub agent_args: Vec<String>,
+}
+
+/// What a test changes in its world.
+#[derive(Default)]
+pub struct Setup {
+    /// Extra labels of the first, second, third node.
+    pub node_labels: Vec<BTreeMap<String, String>>,
+    /// Velero's node-agent configuration (the JSON of the ConfigMap's one key); the agents
+    /// are started with `--config-map` naming it.
+    pub node_agent_config: Option<serde_json::Value>,
 }
 
 fn suffix() -> String {
@@ -43,16 +55,36 @@ fn suffix() -> String {
 impl World {
     /// Starts everything with one agent per simulated node.
     pub async fn start(prefix: &str) -> Result<Self, Box<dyn std::error::Error>> {
+        Self::start_with(prefix, Setup::default()).await
+    }
+
+    /// As [`World::start`], changed as `setup` says.
+    pub async fn start_with(
+        prefix: &str,
+        setup: Setup,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         ferry_testbed::install_crypto_provider();
         let cp = ControlPlane::shared();
         let client = cp.client()?;
         let ns = cp.unique_namespace(prefix).await?;
-        let sim = NodeSim::start(
-            client.clone(),
-            SimConfig { namespaces: vec![ns.clone()], ..SimConfig::default() },
-        )
-        .await?;
+        let mut config = SimConfig { namespaces: vec![ns.clone()], ..SimConfig::default() };
+        if !setup.node_labels.is_empty() {
+            config.nodes = ["a", "b", "c"].map(|n| format!("{ns}-{n}")).to_vec();
+            config.node_labels = config.nodes.iter().cloned().zip(setup.node_labels).collect();
+        }
+        let sim = NodeSim::start(client.clone(), config).await?;
         let id = suffix();
+        let mut agent_args = Vec::new();
+        if let Some(json) = &setup.node_agent_config {
+            let name = format!("node-agent-{id}");
+            let maps: Api<ConfigMap> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+            let map: ConfigMap = serde_json::from_value(json!({
+                "metadata": { "name": name, "namespace": VELERO_NAMESPACE },
+                "data": { "node-agent-config": json.to_string() },
+            }))?;
+            maps.create(&PostParams::default(), &map).await?;
+            agent_args = vec!["--config-map".to_owned(), name];
+        }
         let mover = format!("ferry-{id}");
         let bsl = format!("bsl-{id}");
         let bucket = format!("e2e-{id}");
@@ -67,6 +99,7 @@ impl World {
             bsl,
             agents: BTreeMap::new(),
             logs: tempfile::tempdir()?,
+            agent_args,
         };
         for node in world.sim().nodes() {
             world.start_agent(&node)?;
@@ -93,6 +126,7 @@ impl World {
             .args(["--progress-interval", "1s", "--lease-duration", "6s"])
             .args(["--unschedulable-grace", "20s", "--concurrency", "2"])
             .args(["--metrics-address", "127.0.0.1:0", "--deletion-interval", "2s"])
+            .args(&self.agent_args)
             .env("KUBECONFIG", ControlPlane::shared().kubeconfig())
             .env("FERRY_LOG", "info,kube=warn,tower=warn,hyper=warn,aws=warn")
             .env("AWS_EC2_METADATA_DISABLED", "true")

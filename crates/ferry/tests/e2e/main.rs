@@ -7,6 +7,7 @@ mod cancel;
 mod deletion;
 mod harness;
 mod many_uploads;
+mod placement;
 mod recovery;
 mod restore_targets;
 mod upload_edges;
