@@ -8,6 +8,7 @@ mod deletion;
 mod harness;
 mod many_uploads;
 mod placement;
+mod plugin_host;
 mod recovery;
 mod restore_targets;
 mod upload_edges;
