@@ -46,6 +46,7 @@ pub use context::{DEFAULT_SNAPSHOT_POLL_INTERVAL, PluginContext};
 pub use delete::{DataUploadDeleteAction, snapshot_info_config_map};
 pub use error::DmpError;
 pub use restore::PvcRestoreAction;
+pub use restore::download::{UploadResult, upload_result_config_map};
 pub use snapshotter::DataMoverSnapshotter;
 
 /// The PVC backup item action's plugin name.

@@ -120,15 +120,7 @@ impl VolumeSnapshotter for DataMoverSnapshotter {
         {
             return Ok(operation_id);
         }
-        let result = UploadResult {
-            backup_storage_location: du.spec.backup_storage_location.clone(),
-            data_mover: du.spec.data_mover.clone(),
-            snapshot_id: status.snapshot_id,
-            source_namespace: du.spec.source_namespace.clone(),
-            data_mover_result: status.data_mover_result,
-            node_os: status.node_os,
-            snapshot_size: status.progress.total_bytes,
-        };
+        let result = UploadResult::of(&du);
         let dd = new_data_download_for_upload(&du, &result, &operation_id);
         let api: Api<DataDownload> = Api::namespaced(self.ctx.client.clone(), self.namespace());
         ferry_kube::create(&api, &dd)

@@ -115,9 +115,10 @@ pub struct OperationStatus {
 }
 
 impl OperationStatus {
-    /// A new operation, recorded at `created`.
+    /// A new operation, recorded at `created` (in whole seconds, as the record keeps it).
     #[must_use]
     pub fn new(created: Timestamp) -> Self {
+        let created = Timestamp::from_second(created.as_second()).unwrap_or(created);
         Self {
             phase: OperationPhase::New,
             error: String::new(),

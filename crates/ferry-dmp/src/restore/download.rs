@@ -45,6 +45,61 @@ pub struct UploadResult {
     pub snapshot_size: i64,
 }
 
+impl UploadResult {
+    /// What a (completed) DataUpload leaves for restores.
+    #[must_use]
+    pub fn of(du: &DataUpload) -> Self {
+        let status = du.status.clone().unwrap_or_default();
+        Self {
+            backup_storage_location: du.spec.backup_storage_location.clone(),
+            data_mover: du.spec.data_mover.clone(),
+            snapshot_id: status.snapshot_id,
+            source_namespace: du.spec.source_namespace.clone(),
+            data_mover_result: status.data_mover_result,
+            node_os: status.node_os,
+            snapshot_size: status.progress.total_bytes,
+        }
+    }
+}
+
+/// The ConfigMap Velero's `velero.io/dataupload` restore action makes from a DataUpload of the
+/// backup (the PVC restore action finds it by these labels): beside the Restore, named after
+/// the DataUpload, the result under the Restore's UID. A host restoring without Velero makes
+/// it itself.
+///
+/// # Errors
+/// [`DmpError`] when the result cannot be written as JSON (not expected).
+pub fn upload_result_config_map(
+    restore: &Restore,
+    du: &DataUpload,
+) -> Result<k8s_openapi::api::core::v1::ConfigMap, DmpError> {
+    let uid = restore.metadata.uid.clone().unwrap_or_default();
+    let pvc = format!("{}.{}", du.spec.source_namespace, du.spec.source_pvc);
+    let json =
+        serde_json::to_string(&UploadResult::of(du)).map_err(|e| DmpError::DataUploadResult {
+            pvc: format!("{}/{}", du.spec.source_namespace, du.spec.source_pvc),
+            restore: restore.metadata.name.clone().unwrap_or_default(),
+            reason: format!("writing it as JSON: {e}"),
+        })?;
+    Ok(k8s_openapi::api::core::v1::ConfigMap {
+        metadata: ObjectMeta {
+            namespace: restore.metadata.namespace.clone(),
+            generate_name: Some(format!("{}-", du.metadata.name.as_deref().unwrap_or("ferry"))),
+            labels: Some(BTreeMap::from([
+                (RESTORE_UID_LABEL.to_owned(), valid_label_value(&uid)),
+                (crate::keys::PVC_NAMESPACE_NAME_LABEL.to_owned(), valid_label_value(&pvc)),
+                (
+                    ferry_api::keys::RESOURCE_USAGE_LABEL.to_owned(),
+                    crate::keys::RESOURCE_USAGE_DATA_UPLOAD.to_owned(),
+                ),
+            ])),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(uid, json)])),
+        ..Default::default()
+    })
+}
+
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde hands the field by reference
 fn is_zero(v: &i64) -> bool {
     *v == 0
@@ -340,5 +395,35 @@ mod tests {
         assert_eq!(target_namespace(&r, "apps"), "apps-copy");
         assert_eq!(target_namespace(&r, "other"), "other");
         assert_eq!(download_operation_id(&r, "p-uid"), "dd-r-uid.p-uid");
+    }
+
+    #[test]
+    fn the_upload_result_config_map_is_velero_s() {
+        let mut du: DataUpload = serde_json::from_value(json!({
+            "metadata": {"name": "nightly-x1", "namespace": "velero"},
+            "spec": {"snapshotType": "CSI", "sourcePVC": "data", "datamover": "ferry",
+                     "backupStorageLocation": "primary", "sourceNamespace": "apps",
+                     "operationTimeout": "10m0s"},
+            "status": {"phase": "Completed", "snapshotID": "snap-42", "nodeOS": "linux",
+                       "dataMoverResult": {"k": "v"},
+                       "progress": {"totalBytes": 1_048_576, "bytesDone": 1_048_576}}
+        }))
+        .unwrap();
+        let cm = upload_result_config_map(&restore(json!({})), &du).unwrap();
+        assert_eq!(
+            serde_json::to_value(&cm).unwrap(),
+            json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"generateName": "nightly-x1-", "namespace": "velero",
+                    "labels": {"velero.io/restore-uid": "r-uid",
+                        "velero.io/pvc-namespace-name": "apps.data",
+                        "velero.io/resource-usage": "DataUpload"}},
+                "data": {"r-uid": "{\"backupStorageLocation\":\"primary\",\"datamover\":\"ferry\",\"snapshotID\":\"snap-42\",\"sourceNamespace\":\"apps\",\"dataMoverResult\":{\"k\":\"v\"},\"nodeOS\":\"linux\",\"snapshotSize\":1048576}"}
+            })
+        );
+        du.spec.source_pvc = "a-very-long-persistent-volume-claim-name-that-goes-on".into();
+        let cm = upload_result_config_map(&restore(json!({})), &du).unwrap();
+        let label = &cm.metadata.labels.unwrap()["velero.io/pvc-namespace-name"];
+        assert!(label.len() <= 63, "{label}");
     }
 }

@@ -32,6 +32,8 @@ pub struct World {
     pub logs: tempfile::TempDir,
     /// Arguments every agent gets besides the harness's own.
     pub agent_args: Vec<String>,
+    /// A second namespace the simulator serves (when [`Setup::second_namespace`]).
+    pub ns2: Option<String>,
 }
 
 /// What a test changes in its world.
@@ -42,6 +44,8 @@ pub struct Setup {
     /// Velero's node-agent configuration (the JSON of the ConfigMap's one key); the agents
     /// are started with `--config-map` naming it.
     pub node_agent_config: Option<serde_json::Value>,
+    /// Whether the simulator also serves a second namespace (a restore target).
+    pub second_namespace: bool,
 }
 
 fn suffix() -> String {
@@ -68,6 +72,13 @@ impl World {
         let client = cp.client()?;
         let ns = cp.unique_namespace(prefix).await?;
         let mut config = SimConfig { namespaces: vec![ns.clone()], ..SimConfig::default() };
+        let ns2 = if setup.second_namespace {
+            let ns2 = cp.unique_namespace(&format!("{prefix}-to")).await?;
+            config.namespaces.push(ns2.clone());
+            Some(ns2)
+        } else {
+            None
+        };
         if !setup.node_labels.is_empty() {
             config.nodes = ["a", "b", "c"].map(|n| format!("{ns}-{n}")).to_vec();
             config.node_labels = config.nodes.iter().cloned().zip(setup.node_labels).collect();
@@ -100,6 +111,7 @@ impl World {
             agents: BTreeMap::new(),
             logs: tempfile::tempdir()?,
             agent_args,
+            ns2,
         };
         for node in world.sim().nodes() {
             world.start_agent(&node)?;

@@ -72,6 +72,7 @@ async fn load_affinity_and_pod_settings_from_the_config_map_shape_backup_and_res
                 "podResources": { "cpuRequest": "20m", "cpuLimit": "0",
                                   "memoryRequest": "32Mi", "memoryLimit": "128Mi" },
             })),
+            ..Setup::default()
         },
     )
     .await?;

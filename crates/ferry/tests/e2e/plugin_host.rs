@@ -2,19 +2,21 @@
 //! binary installed as `velero-plugin-ferry` and launched as Velero launches plugins, the PVC
 //! backup action executed on a Backup, the operation polled through the monitor while the
 //! agents move the data, the records kept in Velero's itemoperations format, the Backup's
-//! phase moved as Velero moves it, across a plugin crash and a host restart.
+//! phase moved as Velero moves it, across a plugin crash and a host restart; then a restore
+//! into a new namespace through the restore action; and an operation whose DataUpload fails
+//! making the Backup PartiallyFailed.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ferry_api::k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use ferry_api::{Backup, DataUpload, DataUploadPhase, VolumeSnapshot};
+use ferry_api::k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
+use ferry_api::{Backup, DataUpload, DataUploadPhase, Restore, VolumeSnapshot};
 use ferry_host::records::{self, file_name};
 use ferry_host::{
     BackupActions, BackupOperation, BackupOperationSpec, LaunchOptions, Monitor, Operation,
     OperationPhase, OperationStatus, Phase, PluginProcess, Recorder, ResourceIdentifier, Restart,
-    Tally,
+    RestoreActions, RestoreOperation, RestoreOperationSpec, Tally,
 };
 use ferry_sim::{Binding, FsTree, VolumeMode};
 use ferry_testbed::{ControlPlane, VELERO_NAMESPACE};
@@ -23,7 +25,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{TestResult, World, du_phase};
+use crate::harness::{Setup, TestResult, World, du_phase};
 
 /// The `ferry` binary under the name Velero gives plugin binaries (which selects plugin mode).
 fn install_plugin(dir: &Path) -> std::io::Result<PathBuf> {
@@ -46,31 +48,53 @@ async fn launch(path: &Path, world: &World) -> Result<PluginProcess, ferry_host:
     PluginProcess::launch(path, &options).await
 }
 
-/// Velero's server side of a Backup: the record file and the Backup's status.
-struct BackupRecorder {
-    api: Api<Backup>,
+/// Velero's server side of a Backup or Restore: the record file and the CR's status.
+struct StatusRecorder<K> {
+    api: Api<K>,
     name: String,
     file: PathBuf,
     phase: Phase,
+    /// `backup` or `restore`: the status counters' prefix.
+    kind: &'static str,
 }
 
-impl BackupRecorder {
+impl<K> StatusRecorder<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
     async fn set_phase(&mut self, phase: Phase, tally: Tally) -> Result<(), kube::Error> {
         self.phase = phase;
+        let kind = self.kind;
         let patch = json!({ "status": {
             "phase": phase.as_str(),
-            "backupItemOperationsAttempted": tally.attempted,
-            "backupItemOperationsCompleted": tally.completed,
-            "backupItemOperationsFailed": tally.failed,
+            format!("{kind}ItemOperationsAttempted"): tally.attempted,
+            format!("{kind}ItemOperationsCompleted"): tally.completed,
+            format!("{kind}ItemOperationsFailed"): tally.failed,
         }});
         self.api.patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
         Ok(())
     }
+
+    /// The CR's `status` as stored.
+    async fn status(&self) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+        let stored = serde_json::to_value(self.api.get(&self.name).await?)?;
+        Ok(stored["status"].clone())
+    }
 }
 
 #[async_trait]
-impl Recorder<BackupOperationSpec> for BackupRecorder {
-    async fn record(&mut self, ops: &[BackupOperation], tally: Tally) -> Result<(), String> {
+impl<K, S> Recorder<S> for StatusRecorder<K>
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug
+        + Send
+        + Sync,
+    S: serde::Serialize + Send + Sync,
+{
+    async fn record(&mut self, ops: &[Operation<S>], tally: Tally) -> Result<(), String> {
         let bytes = records::encode(ops).map_err(|e| e.to_string())?;
         let tmp = self.file.with_extension("tmp");
         std::fs::write(&tmp, bytes).map_err(|e| e.to_string())?;
@@ -86,7 +110,7 @@ async fn start_backup(
     world: &World,
     dir: &Path,
     label: &str,
-) -> Result<(Backup, BackupRecorder), Box<dyn std::error::Error>> {
+) -> Result<(Backup, StatusRecorder<Backup>), Box<dyn std::error::Error>> {
     let backups: Api<Backup> = Api::namespaced(world.client.clone(), VELERO_NAMESPACE);
     let name = format!("{}-{label}", world.mover);
     let backup: Backup = serde_json::from_value(json!({
@@ -97,20 +121,26 @@ async fn start_backup(
                   "itemOperationTimeout": "10m0s", "csiSnapshotTimeout": "5m0s" },
     }))?;
     let backup = backups.create(&PostParams::default(), &backup).await?;
-    let mut recorder =
-        BackupRecorder { api: backups, file: dir.join(file_name(&name)), name, phase: Phase::New };
+    let mut recorder = StatusRecorder {
+        api: backups,
+        file: dir.join(file_name(&name)),
+        name,
+        phase: Phase::New,
+        kind: "backup",
+    };
     recorder.set_phase(Phase::InProgress, Tally::default()).await?;
     Ok((backup, recorder))
 }
 
 /// The item pass for PVC `pvc`: the plugin's action runs on it; returns the operation as
-/// Velero records it, and the DataUpload's name.
+/// Velero records it, the DataUpload's name and the PVC as the action returned it (what Velero
+/// stores in the backup).
 async fn execute_on_pvc(
     world: &World,
     actions: &BackupActions,
     backup: &Backup,
     pvc: &str,
-) -> Result<(BackupOperation, String), Box<dyn std::error::Error>> {
+) -> Result<(BackupOperation, String, Vec<u8>), Box<dyn std::error::Error>> {
     let item =
         Api::<PersistentVolumeClaim>::namespaced(world.client.clone(), &world.ns).get(pvc).await?;
     let executed =
@@ -141,13 +171,14 @@ async fn execute_on_pvc(
         },
         status: OperationStatus::new(jiff::Timestamp::now()),
     };
-    Ok((op, du))
+    Ok((op, du, executed.item))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pvc_backup_runs_through_the_plugin_and_the_monitor_across_a_plugin_crash() -> TestResult
 {
-    let world = World::start("e2e-host").await?;
+    let setup = Setup { second_namespace: true, ..Setup::default() };
+    let world = World::start_with("e2e-host", setup).await?;
     let tree = FsTree::sample(23);
     world
         .sim()
@@ -159,7 +190,6 @@ async fn a_pvc_backup_runs_through_the_plugin_and_the_monitor_across_a_plugin_cr
 
     let (backup, mut recorder) = start_backup(&world, dir.path(), "nightly").await?;
     let name = backup.name_any();
-    let backups = recorder.api.clone();
     let plugin = launch(&plugin_path, &world).await?;
     let listed = plugin.list_plugins().await?;
     assert!(
@@ -171,7 +201,7 @@ async fn a_pvc_backup_runs_through_the_plugin_and_the_monitor_across_a_plugin_cr
 
     // The item pass: the action runs on the PVC and starts an operation.
     let actions = BackupActions::new(plugin.channel(), serde_json::to_vec(&backup)?);
-    let (op, du_name) = execute_on_pvc(&world, &actions, &backup, "data").await?;
+    let (op, du_name, backed_up_pvc) = execute_on_pvc(&world, &actions, &backup, "data").await?;
     let ops = vec![op];
     recorder.phase = Phase::after_items(false, true);
     recorder.record(&ops, Tally::of(&ops)).await?;
@@ -187,7 +217,7 @@ async fn a_pvc_backup_runs_through_the_plugin_and_the_monitor_across_a_plugin_cr
     drop(ops);
 
     // The restarted host: the Backup's phase says resume, the record says what to poll.
-    let stored = backups.get(&name).await?;
+    let stored = recorder.api.get(&name).await?;
     let phase = Phase::parse(stored.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or(""))
         .ok_or("unknown phase")?;
     assert_eq!(phase, Phase::WaitingForPluginOperations);
@@ -218,13 +248,84 @@ async fn a_pvc_backup_runs_through_the_plugin_and_the_monitor_across_a_plugin_cr
     assert_eq!(op.status.n_total, du_bytes.total_bytes);
     assert_eq!(op.status.operation_units, "Bytes");
     assert!(op.status.started.is_some());
-    let done = backups.get(&name).await?;
-    let status = serde_json::to_value(done.status.unwrap_or_default())?;
+    let status = recorder.status().await?;
     assert_eq!(status["phase"], "Completed");
     assert_eq!(status["backupItemOperationsCompleted"], 1);
     // The record on disk is the final state, in Velero's format.
     let on_disk: Vec<BackupOperation> = records::decode(&std::fs::read(&recorder.file)?)?;
     assert_eq!(on_disk, ops);
+
+    // A restore of that backup into a new namespace, through the restore action.
+    let target = world.ns2.clone().ok_or("second namespace")?;
+    let restores: Api<Restore> = Api::namespaced(world.client.clone(), VELERO_NAMESPACE);
+    let restore: Restore = serde_json::from_value(json!({
+        "apiVersion": "velero.io/v1", "kind": "Restore",
+        "metadata": { "name": format!("{name}-restore"), "namespace": VELERO_NAMESPACE },
+        "spec": { "backupName": name, "namespaceMapping": { world.ns.clone(): target },
+                  "itemOperationTimeout": "10m0s" },
+    }))?;
+    let restore = restores.create(&PostParams::default(), &restore).await?;
+    let mut restore_recorder = StatusRecorder {
+        api: restores,
+        name: restore.name_any(),
+        file: dir.path().join(file_name(&restore.name_any())),
+        phase: Phase::New,
+        kind: "restore",
+    };
+    restore_recorder.set_phase(Phase::InProgress, Tally::default()).await?;
+    // What Velero's DataUpload restore action leaves for the PVC action.
+    let maps: Api<ConfigMap> = Api::namespaced(world.client.clone(), VELERO_NAMESPACE);
+    maps.create(&PostParams::default(), &ferry_dmp::upload_result_config_map(&restore, &du)?)
+        .await?;
+    let restore_actions = RestoreActions::new(plugin.channel(), serde_json::to_vec(&restore)?);
+    let executed = restore_actions
+        .execute(ferry_dmp::PVC_RESTORE_PLUGIN, backed_up_pvc.clone(), backed_up_pvc)
+        .await?;
+    assert!(!executed.operation_id.is_empty() && !executed.skip_restore, "{executed:?}");
+    let mut restore_ops = vec![Operation {
+        spec: RestoreOperationSpec {
+            restore_name: restore.name_any(),
+            restore_uid: restore.uid().unwrap_or_default(),
+            restore_item_action: ferry_dmp::PVC_RESTORE_PLUGIN.to_owned(),
+            resource_identifier: ResourceIdentifier {
+                group: String::new(),
+                resource: "persistentvolumeclaims".into(),
+                namespace: target.clone(),
+                name: "data".into(),
+            },
+            operation_id: executed.operation_id.clone(),
+        },
+        status: OperationStatus::new(jiff::Timestamp::now()),
+    }];
+    // Velero creates the item the action returned in the target namespace.
+    let mut pvc: serde_json::Value = serde_json::from_slice(&executed.item)?;
+    let meta = pvc["metadata"].as_object_mut().ok_or("PVC metadata")?;
+    for key in ["uid", "resourceVersion", "creationTimestamp", "managedFields"] {
+        meta.remove(key);
+    }
+    meta.insert("namespace".into(), json!(target));
+    pvc.as_object_mut().ok_or("PVC")?.remove("status");
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(world.client.clone(), &target);
+    pvcs.create(&PostParams::default(), &serde_json::from_value(pvc)?).await?;
+    restore_recorder.phase = Phase::after_items(false, true);
+    restore_recorder.record(&restore_ops, Tally::of(&restore_ops)).await?;
+    let tally = monitor
+        .wait(&mut restore_ops, &restore_actions, &mut restore_recorder, &CancellationToken::new())
+        .await?;
+    assert_eq!(
+        tally,
+        Tally { attempted: 1, completed: 1, failed: 0, pending: 0 },
+        "{restore_ops:#?}"
+    );
+    let phase = restore_recorder.phase.after_operations();
+    restore_recorder.set_phase(phase, tally).await?;
+    restore_recorder.set_phase(phase.after_finalizing(), tally).await?;
+    assert_eq!(restore_recorder.status().await?["phase"], "Completed");
+    let op = &restore_ops[0].status;
+    assert_eq!((op.n_completed, op.n_total), (du_bytes.total_bytes, du_bytes.total_bytes));
+    assert_eq!(world.sim().read_files(&target, "data").await?, tree);
+    let on_disk: Vec<RestoreOperation> = records::decode(&std::fs::read(&restore_recorder.file)?)?;
+    assert_eq!(on_disk, restore_ops);
     plugin.shutdown(Duration::from_secs(10)).await?;
     world.shutdown().await
 }
@@ -246,8 +347,8 @@ async fn an_operation_whose_data_upload_fails_makes_the_backup_partially_failed(
     let (backup, mut recorder) = start_backup(&world, dir.path(), "weekly").await?;
     let plugin = launch(&plugin_path, &world).await?;
     let actions = BackupActions::new(plugin.channel(), serde_json::to_vec(&backup)?);
-    let (good, good_du) = execute_on_pvc(&world, &actions, &backup, "good").await?;
-    let (lost, lost_du) = execute_on_pvc(&world, &actions, &backup, "lost").await?;
+    let (good, good_du, _) = execute_on_pvc(&world, &actions, &backup, "good").await?;
+    let (lost, lost_du, _) = execute_on_pvc(&world, &actions, &backup, "lost").await?;
     let mut ops = vec![good, lost];
     recorder.phase = Phase::after_items(false, true);
     recorder.record(&ops, Tally::of(&ops)).await?;
@@ -280,10 +381,52 @@ async fn an_operation_whose_data_upload_fails_makes_the_backup_partially_failed(
     assert_eq!(phase, Phase::FinalizingPartiallyFailed);
     recorder.set_phase(phase, tally).await?;
     recorder.set_phase(phase.after_finalizing(), tally).await?;
-    let done = recorder.api.get(&recorder.name).await?;
-    let status = serde_json::to_value(done.status.unwrap_or_default())?;
+    let status = recorder.status().await?;
     assert_eq!(status["phase"], "PartiallyFailed");
     assert_eq!(status["backupItemOperationsFailed"], 1);
+    plugin.shutdown(Duration::from_secs(10)).await?;
+    world.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operation_past_the_item_operation_timeout_is_canceled_through_the_plugin() -> TestResult
+{
+    let mut world = World::start("e2e-host-timeout").await?;
+    // No agent runs, so the DataUpload cannot finish before the (short) timeout.
+    for node in world.sim().nodes() {
+        world.kill_agent(&node);
+    }
+    let sim = world.sim();
+    sim.create_pvc(&world.ns, "slow", "16Mi", VolumeMode::Filesystem, Binding::Immediate).await?;
+    sim.write_files(&world.ns, "slow", &FsTree::sample(31)).await?;
+    let dir = tempfile::tempdir()?;
+    let plugin_path = install_plugin(dir.path())?;
+    let (backup, mut recorder) = start_backup(&world, dir.path(), "hourly").await?;
+    let plugin = launch(&plugin_path, &world).await?;
+    let actions = BackupActions::new(plugin.channel(), serde_json::to_vec(&backup)?);
+    let (op, du_name, _) = execute_on_pvc(&world, &actions, &backup, "slow").await?;
+    let mut ops = vec![op];
+    recorder.phase = Phase::after_items(false, true);
+    recorder.record(&ops, Tally::of(&ops)).await?;
+
+    let monitor = Monitor { interval: Duration::from_millis(500), timeout: Duration::from_secs(3) };
+    let tally = monitor.wait(&mut ops, &actions, &mut recorder, &CancellationToken::new()).await?;
+    assert_eq!(tally, Tally { attempted: 1, completed: 0, failed: 1, pending: 0 });
+    assert_eq!(ops[0].status.error, ferry_host::TIMED_OUT);
+    let uploads: Api<DataUpload> = Api::namespaced(world.client.clone(), VELERO_NAMESPACE);
+    assert!(uploads.get(&du_name).await?.spec.cancel, "the plugin's Cancel set spec.cancel");
+
+    // The agents come back and end the canceled DataUpload, leaving nothing behind.
+    for node in world.sim().nodes() {
+        world.start_agent(&node)?;
+    }
+    let du: DataUpload = world.wait_for(&du_name, "terminal", crate::harness::du_terminal).await?;
+    assert_eq!(du_phase(&du), Some(DataUploadPhase::Canceled), "{:#?}", du.status);
+    assert_eq!(world.leftovers_of(&du_name).await?, Vec::<String>::new());
+    let phase = recorder.phase.after_operations();
+    assert_eq!(phase, Phase::FinalizingPartiallyFailed);
+    recorder.set_phase(phase.after_finalizing(), tally).await?;
+    assert_eq!(recorder.status().await?["phase"], "PartiallyFailed");
     plugin.shutdown(Duration::from_secs(10)).await?;
     world.shutdown().await
 }
