@@ -4,7 +4,7 @@
 //! - [`process`]: launch a plugin binary as Velero does (go-plugin's environment, handshake,
 //!   gRPC over its socket), `ListPlugins`, `Shutdown`;
 //! - [`actions`]: BackupItemAction v2 and RestoreItemAction v2 calls (Execute, Progress,
-//!   Cancel, AreAdditionalItemsReady);
+//!   Cancel, AreAdditionalItemsReady); [`local`]: the same for actions in this process;
 //! - [`monitor`]: poll asynchronous operations until each has ended, cancelling those older
 //!   than the item operation timeout;
 //! - [`phase`]: the Backup/Restore phases around them, and what a restarted host does;
@@ -14,12 +14,14 @@
 //! the records where it keeps backups.
 
 pub mod actions;
+pub mod local;
 pub mod monitor;
 pub mod phase;
 pub mod process;
 pub mod records;
 
 pub use actions::{BackupActions, Executed, RestoreActions};
+pub use local::{LocalBackupActions, LocalRestoreActions};
 pub use monitor::{Monitor, MonitorError, OperationActions, Recorder, TIMED_OUT, Tally};
 pub use phase::{Phase, Restart};
 pub use process::{Handshake, LaunchError, LaunchOptions, PluginProcess};

@@ -20,7 +20,7 @@ mod source;
 
 pub use bsl::{BslLocation, aws_credentials, location_of};
 pub use error::MoverError;
-pub use mover::RepoMover;
+pub use mover::{DATA_UPLOAD_TAG, RepoMover};
 pub use source::{
     BslRepositories, FixedRepository, PASSWORD_KEY, PASSWORD_SECRET, RepositorySource,
 };

@@ -36,6 +36,11 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Back up or restore a PVC through Ferry's agents, without Velero.
+    Volume {
+        #[command(subcommand)]
+        command: crate::pvc::VolumeCommand,
+    },
     /// Run the node agent: process DataUploads and DataDownloads on this node.
     Agent(Box<crate::agent_cmd::AgentArgs>),
     /// Wait until stopped (the command of the pods that hold exposed volumes).

@@ -8,6 +8,7 @@ mod gc_cmds;
 mod password;
 mod plugin_cmd;
 mod progress;
+mod pvc;
 mod repo_cmds;
 mod serve;
 mod volume_cmds;
@@ -66,6 +67,7 @@ async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()>
         Command::Snapshots { repo, json } => repo_cmds::snapshots(&repo, json, cancel).await,
         Command::Check { repo, read_data } => repo_cmds::check(&repo, read_data, cancel).await,
         Command::Agent(args) => agent_cmd::run(&args, cancel).await,
+        Command::Volume { command } => pvc::run(&command, cancel).await,
         Command::Hold => agent_cmd::hold(cancel).await,
         Command::Plugin { args } => plugin_cmd::run(args).await,
         Command::Forget(args) => gc_cmds::forget(&args, cancel).await,

@@ -416,11 +416,12 @@ impl World {
         Ok(left)
     }
 
-    /// The snapshots in this world's repository for the source namespace, listed by
-    /// `ferry snapshots --json` (each a JSON object with `id`, `tags`, ...).
-    pub async fn repo_snapshots(
+    /// Runs `ferry ARGS` with this world's repository (`--repo` of the BSL's repository for
+    /// the test namespace, its password, moto) and cluster (KUBECONFIG).
+    pub async fn ferry_with_repo(
         &self,
-    ) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+        args: &[&str],
+    ) -> Result<std::process::Output, Box<dyn std::error::Error>> {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
         let secret = secrets.get("velero-repo-credentials").await?;
         let password = secret
@@ -431,8 +432,9 @@ impl World {
         let password_file = dir.path().join("password");
         std::fs::write(&password_file, &password.0)?;
         let bucket = self.mover.replacen("ferry-", "e2e-", 1);
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
-            .args(["snapshots", "--json", "--repo"])
+        Ok(tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(args)
+            .arg("--repo")
             .arg(format!("s3://{bucket}/velero/ferry/{}", self.ns))
             .arg("--password-file")
             .arg(&password_file)
@@ -440,10 +442,19 @@ impl World {
             .env("AWS_ACCESS_KEY_ID", "ferry-e2e")
             .env("AWS_SECRET_ACCESS_KEY", "ferry-e2e-secret")
             .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("KUBECONFIG", ControlPlane::shared().kubeconfig())
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output()
-            .await?;
+            .await?)
+    }
+
+    /// The snapshots in this world's repository for the source namespace, listed by
+    /// `ferry snapshots --json` (each a JSON object with `id`, `tags`, ...).
+    pub async fn repo_snapshots(
+        &self,
+    ) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+        let out = self.ferry_with_repo(&["snapshots", "--json"]).await?;
         if !out.status.success() {
             return Err(format!(
                 "ferry snapshots failed: {}",

@@ -9,6 +9,7 @@ mod harness;
 mod many_uploads;
 mod placement;
 mod plugin_host;
+mod pvc_cli;
 mod recovery;
 mod restore_targets;
 mod upload_edges;
