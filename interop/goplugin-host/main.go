@@ -9,6 +9,13 @@
 // Usage, mirroring `velero server`:
 //
 //	goplugin-host server --plugin-dir DIR [--log-level LEVEL] [--features LIST] [other flags]
+//	goplugin-host ferry --plugin-dir DIR --pvc FILE --backup FILE [--wait DURATION] [flags]
+//
+// The `ferry` mode drives Ferry's own data mover plugin (the `ferry` binary installed as a
+// Velero plugin) against a real cluster: ListPlugins through Velero's registry, then the PVC
+// backup action through Velero's plugin manager (AppliesTo, Execute on the PVC of FILE for the
+// Backup of FILE, Progress until the operation completes) and prints what Velero saw as one
+// JSON object on stdout, for the Rust test to check against the cluster.
 //
 // Like Velero, the host passes its own flags (everything after the first argument) on to every
 // plugin process it starts, and it starts itself with `run-plugins` to list its built-in plugins
@@ -16,6 +23,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -103,6 +111,8 @@ func main() {
 		framework.NewServer().BindFlags(pflag.CommandLine).Serve()
 	case "server":
 		os.Exit(runServer())
+	case "ferry":
+		os.Exit(runFerry())
 	default:
 		fmt.Fprintf(os.Stderr, "unknown command %q\n", os.Args[1])
 		os.Exit(2)
@@ -428,4 +438,94 @@ func checkVolumeSnapshotter(c *checker, manager clientmgmt.Manager) {
 		c.equal("VolumeSnapshotter SetVolumeID", handle, "vol-2")
 	}
 	c.noError("VolumeSnapshotter DeleteSnapshot", vs.DeleteSnapshot("snap-vol-1"))
+}
+
+// runFerry calls Ferry's data mover plugin as Velero's backup does; see the package comment.
+func runFerry() int {
+	flags := pflag.NewFlagSet("ferry", pflag.ContinueOnError)
+	pluginDir := flags.String("plugin-dir", "", "directory holding the plugin binaries")
+	pvcFile := flags.String("pvc", "", "JSON of the PVC to back up")
+	backupFile := flags.String("backup", "", "JSON of the Backup")
+	wait := flags.Duration("wait", 3*time.Minute, "how long the operation may take")
+	flags.String("log-level", "info", "passed on to plugins")
+	flags.String("features", "", "passed on to plugins")
+	flags.ParseErrorsAllowlist.UnknownFlags = true
+	if err := flags.Parse(os.Args[2:]); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	fail := func(what string, err error) int {
+		fmt.Fprintf(os.Stderr, "FAIL %s: %v\n", what, err)
+		return 1
+	}
+	pvc := &unstructured.Unstructured{}
+	backup := &velerov1.Backup{}
+	for file, into := range map[string]any{*pvcFile: &pvc.Object, *backupFile: backup} {
+		bytes, err := os.ReadFile(file)
+		if err != nil {
+			return fail("reading "+file, err)
+		}
+		if err := json.Unmarshal(bytes, into); err != nil {
+			return fail("parsing "+file, err)
+		}
+	}
+
+	logger := logrus.New()
+	logger.Out = os.Stderr
+	logger.Level = logrus.DebugLevel
+	registry := process.NewRegistry(*pluginDir, logger, logger.Level)
+	if err := registry.DiscoverPlugins(); err != nil {
+		return fail("registry.DiscoverPlugins", err)
+	}
+	result := map[string]any{}
+	plugins := map[string][]string{}
+	for _, kind := range common.AllPluginKinds() {
+		for _, id := range registry.List(kind) {
+			plugins[string(kind)] = append(plugins[string(kind)], id.Name)
+		}
+		sort.Strings(plugins[string(kind)])
+	}
+	result["plugins"] = plugins
+
+	manager := clientmgmt.NewManager(logger, logger.Level, registry)
+	defer manager.CleanupClients()
+	bia, err := manager.GetBackupItemActionV2("ferry.io/pvc-backup")
+	if err != nil {
+		return fail("GetBackupItemActionV2(ferry.io/pvc-backup)", err)
+	}
+	selector, err := bia.AppliesTo()
+	if err != nil {
+		return fail("AppliesTo", err)
+	}
+	result["appliesTo"] = selector.IncludedResources
+	item, _, operationID, postOperationItems, err := bia.Execute(pvc, backup)
+	if err != nil {
+		return fail("Execute", err)
+	}
+	result["annotations"] = item.(*unstructured.Unstructured).GetAnnotations()
+	result["operationID"] = operationID
+	result["postOperationItems"] = postOperationItems
+	deadline := time.Now().Add(*wait)
+	polls := 0
+	var progress velero.OperationProgress
+	for {
+		polls++
+		progress, err = bia.Progress(operationID, backup)
+		if err != nil {
+			return fail("Progress", err)
+		}
+		if progress.Completed || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	result["progress"] = progress
+	result["polls"] = polls
+	if _, err := bia.Progress("no-such-operation", backup); err != nil {
+		result["unknownOperationError"] = err.Error()
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(result); err != nil {
+		return fail("writing the result", err)
+	}
+	return 0
 }

@@ -3,38 +3,21 @@
 //! example plugin through Velero's plugin registry, calls it through Velero's plugin manager,
 //! and exits non-zero on any answer other than the expected one.
 //!
-//! The Go program is built once per version of its sources and cached under
-//! `${XDG_CACHE_HOME:-$HOME/.cache}/ferry/goplugin-host/<hash>/`. The first build downloads
-//! Velero's dependencies and takes minutes; it needs the `go` tool on `PATH`.
+//! The Go program is built by `ferry_testbed::goplugin_host` (cached per version of its
+//! sources; the first build downloads Velero's dependencies and takes minutes).
 #![allow(clippy::unwrap_used)]
 
 mod support;
 
 use std::io::Read;
 use std::os::unix::process::CommandExt as _;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use sha2::{Digest as _, Sha256};
 
-const SOURCES: [&str; 3] = ["go.mod", "go.sum", "main.go"];
-const BUILD_DEADLINE: Duration = Duration::from_secs(30 * 60);
 const RUN_DEADLINE: Duration = Duration::from_secs(180);
-
-fn interop_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../interop/goplugin-host")
-}
-
-fn cache_root() -> PathBuf {
-    match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache"),
-    }
-    .join("ferry/goplugin-host")
-}
 
 /// A child process in a process group of its own; the whole group is killed on drop, so no
 /// plugin process it started can outlive the test.
@@ -101,58 +84,9 @@ fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Ve
     })
 }
 
-/// Builds the Go host unless a build of the same sources is cached; returns its path.
-fn go_host() -> PathBuf {
-    let dir = interop_dir();
-    let mut hash = Sha256::new();
-    for name in SOURCES {
-        let bytes = std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("reading {name}: {e}"));
-        hash.update(name.as_bytes());
-        hash.update((bytes.len() as u64).to_le_bytes());
-        hash.update(&bytes);
-    }
-    let key = hex::encode(&hash.finalize()[..12]);
-    let cached = cache_root().join(&key).join("goplugin-host");
-    if cached.exists() {
-        return cached;
-    }
-    let parent = cached.parent().unwrap();
-    std::fs::create_dir_all(parent).unwrap();
-    let partial = parent.join(format!("goplugin-host.partial-{}", std::process::id()));
-    eprintln!(
-        "building {} (first time: this downloads Velero's dependencies and takes minutes)",
-        dir.display()
-    );
-    let build = Group::spawn(
-        Command::new("go")
-            .args(["build", "-o"])
-            .arg(&partial)
-            .arg(".")
-            .current_dir(&dir)
-            .env("GOTOOLCHAIN", "local")
-            .env("CGO_ENABLED", "0")
-            .env("GOFLAGS", "-mod=mod")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .finish(BUILD_DEADLINE, "go build");
-    assert!(
-        build.status.success(),
-        "go build of {} failed ({}):\n{}{}",
-        dir.display(),
-        build.status,
-        String::from_utf8_lossy(&build.stdout),
-        String::from_utf8_lossy(&build.stderr)
-    );
-    // Atomic: a concurrent build of the same sources produced the same program.
-    std::fs::rename(&partial, &cached).unwrap();
-    cached
-}
-
 #[test]
 fn velero_loads_and_calls_the_plugin_through_go_plugin() {
-    let host = go_host();
+    let host = ferry_testbed::goplugin_host::build().unwrap();
 
     // Velero's plugin directory: it runs every executable in it.
     let plugins = tempfile::tempdir().unwrap();

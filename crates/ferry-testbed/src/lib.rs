@@ -11,6 +11,7 @@
 
 mod control_plane;
 pub mod crds;
+pub mod goplugin_host;
 mod moto;
 pub mod paths;
 pub mod process;

@@ -13,3 +13,4 @@ mod pvc_cli;
 mod recovery;
 mod restore_targets;
 mod upload_edges;
+mod velero_interop;

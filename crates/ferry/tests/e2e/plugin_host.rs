@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::harness::{Setup, TestResult, World, du_phase};
 
 /// The `ferry` binary under the name Velero gives plugin binaries (which selects plugin mode).
-fn install_plugin(dir: &Path) -> std::io::Result<PathBuf> {
+pub(crate) fn install_plugin(dir: &Path) -> std::io::Result<PathBuf> {
     let path = dir.join("velero-plugin-ferry");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ferry"), &path)?;
     Ok(path)
@@ -49,7 +49,7 @@ async fn launch(path: &Path, world: &World) -> Result<PluginProcess, ferry_host:
 }
 
 /// Velero's server side of a Backup or Restore: the record file and the CR's status.
-struct StatusRecorder<K> {
+pub(crate) struct StatusRecorder<K> {
     api: Api<K>,
     name: String,
     file: PathBuf,
@@ -106,7 +106,7 @@ where
 
 /// A Backup as `velero backup create --snapshot-move-data --data-mover <mover>` makes it,
 /// moved to InProgress, with its recorder writing into `dir`.
-async fn start_backup(
+pub(crate) async fn start_backup(
     world: &World,
     dir: &Path,
     label: &str,
