@@ -23,7 +23,7 @@ pub mod records;
 pub use actions::{BackupActions, Executed, RestoreActions};
 pub use local::{LocalBackupActions, LocalRestoreActions};
 pub use monitor::{Monitor, MonitorError, OperationActions, Recorder, TIMED_OUT, Tally};
-pub use phase::{Phase, Restart};
+pub use phase::{Phase, Restart, status_patch};
 pub use process::{Handshake, LaunchError, LaunchOptions, PluginProcess};
 pub use records::{
     BackupOperation, BackupOperationSpec, Operation, OperationPhase, OperationSpec,

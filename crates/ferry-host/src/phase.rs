@@ -165,6 +165,18 @@ impl fmt::Display for Phase {
     }
 }
 
+/// The merge patch that puts a Backup (`kind` `backup`) or Restore (`restore`) in `phase` with
+/// the operation counters of `tally` (`backupItemOperationsAttempted`, …), as Velero writes them.
+#[must_use]
+pub fn status_patch(kind: &str, phase: Phase, tally: crate::monitor::Tally) -> serde_json::Value {
+    serde_json::json!({ "status": {
+        "phase": phase.as_str(),
+        format!("{kind}ItemOperationsAttempted"): tally.attempted,
+        format!("{kind}ItemOperationsCompleted"): tally.completed,
+        format!("{kind}ItemOperationsFailed"): tally.failed,
+    }})
+}
+
 /// What to do with a Backup or Restore when the host starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Restart {

@@ -8,7 +8,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use serde::de::DeserializeOwned;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::progress::human;
@@ -48,17 +47,11 @@ where
 
     pub(crate) async fn set_phase(&mut self, phase: Phase, tally: Tally) -> anyhow::Result<()> {
         self.phase = phase;
-        let kind = self.kind;
-        let patch = json!({ "status": {
-            "phase": phase.as_str(),
-            format!("{kind}ItemOperationsAttempted"): tally.attempted,
-            format!("{kind}ItemOperationsCompleted"): tally.completed,
-            format!("{kind}ItemOperationsFailed"): tally.failed,
-        }});
+        let patch = ferry_host::status_patch(self.kind, phase, tally);
         self.api
             .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .with_context(|| format!("updating the status of {kind} {}", self.name))?;
+            .with_context(|| format!("updating the status of {} {}", self.kind, self.name))?;
         Ok(())
     }
 }

@@ -64,13 +64,7 @@ where
 {
     async fn set_phase(&mut self, phase: Phase, tally: Tally) -> Result<(), kube::Error> {
         self.phase = phase;
-        let kind = self.kind;
-        let patch = json!({ "status": {
-            "phase": phase.as_str(),
-            format!("{kind}ItemOperationsAttempted"): tally.attempted,
-            format!("{kind}ItemOperationsCompleted"): tally.completed,
-            format!("{kind}ItemOperationsFailed"): tally.failed,
-        }});
+        let patch = ferry_host::status_patch(self.kind, phase, tally);
         self.api.patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
         Ok(())
     }
