@@ -54,6 +54,7 @@ pub use progress::{Progress, ProgressFn};
 pub use repo::{BlobLocation, InitOptions, InitOutcome, Repository};
 pub use restore::{MAX_DEPTH, RestoreOptions, RestoreSummary, restore};
 pub use volume::{
-    DEFAULT_VOLUME_CHUNK, MAX_VOLUME_CHUNK, VolumeBackupOptions, VolumeBackupSummary, VolumeMap,
-    VolumeRestoreOptions, VolumeRestoreSummary, backup_volume, restore_volume,
+    DEFAULT_VOLUME_CHUNK, DEFAULT_VOLUME_LEVEL, MAX_VOLUME_CHUNK, VolumeBackupOptions,
+    VolumeBackupSummary, VolumeMap, VolumeRestoreOptions, VolumeRestoreSummary, backup_volume,
+    restore_volume,
 };

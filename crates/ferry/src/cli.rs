@@ -107,6 +107,12 @@ pub struct BackupArgs {
     /// Back up PATH, a regular file, as a volume image (block devices always are volumes).
     #[arg(long)]
     pub volume: bool,
+    /// zstd level for the data: 1 to 19 (higher: smaller and slower), -7 to -1 for zstd's
+    /// fast modes, 0 to store it uncompressed. Data that does not compress is stored as is at
+    /// any level. Default: 3 for directories, 1 for volumes.
+    #[arg(long, value_name = "LEVEL", allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i32).range(-7..=19))]
+    pub compression: Option<i32>,
     /// The directory, block device or (with `--volume`) image file to back up.
     pub path: PathBuf,
 }

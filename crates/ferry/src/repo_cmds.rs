@@ -87,6 +87,7 @@ pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Re
         parent,
         tags: args.tags.clone(),
         source: source.display().to_string(),
+        compression_level: args.compression.unwrap_or(BackupOptions::default().compression_level),
         ..BackupOptions::default()
     };
     let (report, bar) = progress::reporter("backup");

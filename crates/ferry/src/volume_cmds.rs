@@ -66,6 +66,9 @@ pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Re
         parent,
         tags: args.tags.clone(),
         source: source.display().to_string(),
+        compression_level: args
+            .compression
+            .unwrap_or(VolumeBackupOptions::default().compression_level),
         ..VolumeBackupOptions::default()
     };
     let (report, bar) = progress::reporter("backup");

@@ -120,3 +120,41 @@ fn volume_backup_restore_and_kind_checks() {
     let check = ok(&ferry(&["check", "--repo", &repo, "--read-data"]));
     assert!(check.contains("no problems found"), "{check}");
 }
+
+/// `--compression` sets the zstd level of the data: 0 stores text as is, the default shrinks
+/// it, the restore is identical either way, and a level zstd does not have is refused.
+#[test]
+fn compression_level_is_chosen_per_backup() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = dir.path().join("text.img");
+    let line = b"fn main() { println!(\"a line of source code, compressible\"); }\n";
+    let text: Vec<u8> = line.iter().copied().cycle().take(4 << 20).collect();
+    std::fs::write(&image, &text).expect("write image");
+    let img = image.to_str().expect("path");
+    let stored = |level: Option<&str>| {
+        let repo = format!("file://{}", dir.path().join(format!("repo-{level:?}")).display());
+        ok(&ferry(&["repo", "init", "--repo", &repo]));
+        let mut args = vec!["backup", "--repo", &repo, "--volume", "--json"];
+        if let Some(level) = level {
+            args.extend(["--compression", level]);
+        }
+        args.push(img);
+        let summary: serde_json::Value =
+            serde_json::from_str(ok(&ferry(&args)).trim()).expect("JSON");
+        let id = summary["snapshot_id"].as_str().expect("id").to_owned();
+        (repo, id, summary["bytes_stored"].as_u64().expect("bytes_stored"))
+    };
+    let (raw_repo, raw_id, raw) = stored(Some("0"));
+    let (_, _, default) = stored(None);
+    let (_, _, fast) = stored(Some("-3"));
+    assert!(raw > 4 << 20, "level 0 stores every byte: {raw}");
+    assert!(default * 20 < raw, "the default level compresses text: {default} of {raw}");
+    assert!(fast < raw / 4, "a fast level still compresses: {fast} of {raw}");
+
+    let restored = dir.path().join("restored.img");
+    ok(&ferry(&["restore", "--repo", &raw_repo, &raw_id, restored.to_str().expect("path")]));
+    assert!(std::fs::read(&restored).expect("read") == text);
+
+    let repo = format!("file://{}", dir.path().join("repo-bad").display());
+    fails_with(&ferry(&["backup", "--repo", &repo, "--compression", "20", img]), "20");
+}

@@ -6,6 +6,9 @@
 //! next segment (atomic counter) --> N readers (pread, zero test, hash, compress, encrypt,
 //!                                   pack) --packs--> uploader; chunk ids --> slot table
 //! ```
+//! A reader asks the kernel to read its whole segment, and the one a reader will take next,
+//! in the background (`POSIX_FADV_WILLNEED`), so the device streams while the readers compute;
+//! a finished segment is dropped from the page cache.
 //! Memory: one chunk buffer per reader, the shared open pack, the packs being uploaded, and
 //! one 33-byte slot per chunk of the device.
 
@@ -43,6 +46,9 @@ struct Shared {
     path: std::path::PathBuf,
     chunk_size: u64,
     next_segment: AtomicU64,
+    /// Segments between the one a reader takes and the one it prefetches: about the number
+    /// of readers, so each prefetch lands just before some reader needs it.
+    lookahead: u64,
     /// The chunk id at each chunk index (`None`: unallocated or all zeros).
     slots: Mutex<Vec<Option<BlobId>>>,
 }
@@ -140,6 +146,7 @@ async fn backup_volume_leased(
     let (sink, uploader) =
         Uploader::start_leased(repo, Arc::clone(&index), Some(lease.clone()), &stop);
     let slots = usize::try_from(volume.size.div_ceil(chunk_size)).unwrap_or(usize::MAX);
+    let threads = super::threads(options.threads);
     let shared = Arc::new(Shared {
         repo: repo.clone(),
         index,
@@ -149,6 +156,7 @@ async fn backup_volume_leased(
         failure: Mutex::new(None),
         chunk_size,
         next_segment: AtomicU64::new(0),
+        lookahead: u64::try_from(threads).unwrap_or(1),
         slots: Mutex::new(vec![None; slots]),
         volume,
         path: path.to_path_buf(),
@@ -159,7 +167,6 @@ async fn backup_volume_leased(
         let shared = Arc::clone(&shared);
         Ticker::start(progress.clone(), move || shared.progress.snapshot(size, false))
     };
-    let threads = super::threads(options.threads);
     let level = options.compression_level;
     let ran = {
         let shared = Arc::clone(&shared);
@@ -305,6 +312,9 @@ fn read_segments(shared: &Shared, mut packer: LocalPacker) -> RepoResult<()> {
         }
         let last = (first + SEGMENT_CHUNKS).min(shared.chunks());
         let (start, end) = (first * chunk, (last * chunk).min(size));
+        let segment_bytes = SEGMENT_CHUNKS * chunk;
+        shared.volume.prefetch(start, end - start);
+        shared.volume.prefetch((segment + shared.lookahead) * segment_bytes, segment_bytes);
         let data = shared
             .volume
             .data_ranges(start, end)
@@ -341,6 +351,7 @@ fn read_segments(shared: &Shared, mut packer: LocalPacker) -> RepoResult<()> {
             }
             progress.bytes_done.fetch_add(len, Ordering::Relaxed);
         }
+        shared.volume.release(start, end - start);
         let mut slots = shared.slots.lock().map_err(|_| RepoError::Internal {
             what: "volume backup",
             reason: "slot table lock poisoned".into(),

@@ -6,7 +6,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-use nix::fcntl::FallocateFlags;
+use nix::fcntl::{FallocateFlags, PosixFadviseAdvice};
 use nix::unistd::Whence;
 
 use crate::error::{RepoError, RepoResult};
@@ -152,6 +152,30 @@ impl Volume {
             pos = hole;
         }
         Ok(Some(out))
+    }
+
+    /// Starts reading `[offset, offset + len)` into the page cache in the background, so
+    /// the readers find it there instead of waiting on one small read-ahead after another
+    /// (on a loop device or a network disk that is the difference between a few hundred MB/s
+    /// and the device's full speed). Only a hint: failures are ignored.
+    pub(crate) fn prefetch(&self, offset: u64, len: u64) {
+        self.advise(offset, len, PosixFadviseAdvice::POSIX_FADV_WILLNEED);
+    }
+
+    /// Drops `[offset, offset + len)` from the page cache once it has been read: a backup
+    /// reads each byte once, and keeping a whole volume cached would push the node's working
+    /// set out. Only a hint: failures are ignored.
+    pub(crate) fn release(&self, offset: u64, len: u64) {
+        self.advise(offset, len, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
+    }
+
+    fn advise(&self, offset: u64, len: u64, advice: PosixFadviseAdvice) {
+        let len = len.min(self.size.saturating_sub(offset));
+        if let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len))
+            && len > 0
+        {
+            let _ = nix::fcntl::posix_fadvise(self.file.as_fd(), off, len, advice);
+        }
     }
 
     /// Makes `[offset, offset + len)` read as zeros: punches a hole in an image file, or

@@ -23,10 +23,15 @@ pub use backup::backup_volume;
 pub use map::{MAX_VOLUME_CHUNK, VolumeMap};
 pub use restore::restore_volume;
 
-use crate::format::{DEFAULT_DATA_LEVEL, SnapshotId};
+use crate::format::SnapshotId;
 
 /// Default volume chunk size: 256 KiB (see `VOLUMES.md`).
 pub const DEFAULT_VOLUME_CHUNK: u32 = 256 << 10;
+
+/// Default zstd level for volume data: 1, a little faster than file data's 3 for about 6 %
+/// more stored bytes, since a volume backup reads every allocated byte every time (see
+/// `VOLUMES.md`).
+pub const DEFAULT_VOLUME_LEVEL: i32 = 1;
 
 /// Options for [`backup_volume`].
 #[derive(Debug, Clone)]
@@ -56,7 +61,7 @@ impl Default for VolumeBackupOptions {
             tags: Vec::new(),
             source: String::new(),
             hostname: None,
-            compression_level: DEFAULT_DATA_LEVEL,
+            compression_level: DEFAULT_VOLUME_LEVEL,
             threads: 0,
             chunk_size: DEFAULT_VOLUME_CHUNK,
         }
