@@ -30,6 +30,8 @@ pub enum Compression {
 
 thread_local! {
     static COMPRESSORS: RefCell<Vec<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(Vec::new()) };
+    /// The compressor's output buffer, reused: a fresh one per chunk costs page faults.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
 }
 
@@ -63,14 +65,18 @@ pub(crate) fn encode_into(level: i32, raw: &[u8], out: &mut Vec<u8>) -> Compress
                 },
             };
             let compressor = &mut list[pos].1;
-            let mut scratch = Vec::with_capacity(zstd::zstd_safe::compress_bound(raw.len()));
-            match compressor.compress_to_buffer(raw, &mut scratch) {
-                Ok(n) if n <= budget => {
-                    out.extend_from_slice(&scratch[..n]);
-                    true
+            SCRATCH.with(|scratch| {
+                let mut scratch = scratch.borrow_mut();
+                scratch.clear();
+                scratch.reserve(zstd::zstd_safe::compress_bound(raw.len()));
+                match compressor.compress_to_buffer(raw, &mut *scratch) {
+                    Ok(n) if n <= budget => {
+                        out.extend_from_slice(&scratch[..n]);
+                        true
+                    }
+                    _ => false,
                 }
-                _ => false,
-            }
+            })
         });
         if done {
             out[start] = MODE_ZSTD;
