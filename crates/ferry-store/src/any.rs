@@ -64,6 +64,10 @@ macro_rules! dispatch {
 
 #[async_trait]
 impl ObjectStore for AnyStore {
+    fn location(&self) -> String {
+        dispatch!(self, s => s.location())
+    }
+
     async fn put_if_absent(
         &self,
         key: &ObjectKey,

@@ -162,6 +162,10 @@ impl<S: ObjectStore> FaultyStore<S> {
 
 #[async_trait]
 impl<S: ObjectStore> ObjectStore for FaultyStore<S> {
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+
     async fn put_if_absent(
         &self,
         key: &ObjectKey,

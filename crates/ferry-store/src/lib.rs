@@ -143,11 +143,21 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// Storage failures, cancellation.
     async fn delete(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<()>;
+
+    /// Where the store keeps its objects, in a user's words (a directory, `s3://bucket/prefix`
+    /// at an endpoint), for messages.
+    fn location(&self) -> String {
+        "the object store".to_owned()
+    }
 }
 
 /// A shared store is a store: lets callers hold `Arc<S>` (or `Arc<dyn ObjectStore>`).
 #[async_trait]
 impl<T: ObjectStore + ?Sized> ObjectStore for Arc<T> {
+    fn location(&self) -> String {
+        (**self).location()
+    }
+
     async fn put_if_absent(
         &self,
         key: &ObjectKey,

@@ -77,8 +77,25 @@ async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()>
 
 /// Prints the error chain on one line and returns the failure exit code.
 fn fail(err: &anyhow::Error) -> ExitCode {
-    eprintln!("ferry: error: {err:#}");
+    eprintln!("ferry: error: {}", one_line(err));
     ExitCode::FAILURE
+}
+
+/// The error and its causes joined by `: `, each said once: Ferry's errors show their source
+/// in their own message, so a cause already in the line is not repeated.
+fn one_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 fn init_logging(verbose: u8) {
@@ -90,4 +107,37 @@ fn init_logging(verbose: u8) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    /// An error whose message includes its source, as Ferry's errors do.
+    #[derive(Debug)]
+    struct Damaged(std::io::Error);
+
+    impl std::fmt::Display for Damaged {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "pack data/ab is damaged: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Damaged {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let inner = Damaged(std::io::Error::other("authentication failed"));
+        let err = anyhow::Error::new(inner).context("restoring s1 into /t");
+        assert_eq!(
+            one_line(&err),
+            "restoring s1 into /t: pack data/ab is damaged: authentication failed"
+        );
+        let plain = anyhow::Error::new(std::io::Error::other("disk full")).context("writing f");
+        assert_eq!(one_line(&plain), "writing f: disk full");
+    }
 }

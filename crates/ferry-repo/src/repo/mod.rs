@@ -162,7 +162,7 @@ impl Repository {
         let config_bytes = match store.get(&config_key, cancel).await {
             Ok(b) => b,
             Err(StoreError::NotFound { .. } | StoreError::LocationMissing { .. }) => {
-                return Err(RepoError::NotFound { location: format!("{store:?}") });
+                return Err(RepoError::NotFound { location: store.location() });
             }
             Err(e) => return Err(RepoError::store("read", &config_key, e)),
         };

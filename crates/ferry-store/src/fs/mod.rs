@@ -135,6 +135,10 @@ fn sync_dir(dir: &Path) -> StoreResult<()> {
 
 #[async_trait]
 impl ObjectStore for FsStore {
+    fn location(&self) -> String {
+        format!("directory {}", self.root.display())
+    }
+
     async fn put_if_absent(
         &self,
         key: &ObjectKey,

@@ -211,6 +211,11 @@ fn size_of(size: Option<i64>, key: &str, inner: &Inner) -> StoreResult<u64> {
 
 #[async_trait]
 impl ObjectStore for S3Store {
+    fn location(&self) -> String {
+        let i = &self.inner;
+        format!("s3://{}/{} at {}", i.bucket, i.prefix, i.endpoint)
+    }
+
     async fn put_if_absent(
         &self,
         key: &ObjectKey,
