@@ -6,48 +6,21 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::{TestResult, assert_same_tree, build_hard_tree, memory_repo, noise};
+use common::{TestResult, assert_same_tree, hard_cases_round_trip, memory_repo, noise};
 use ferry_repo::{
-    BackupOptions, CheckOptions, Progress, RepoError, Repository, RestoreOptions, backup_tree,
-    check, restore,
+    BackupOptions, CheckOptions, Progress, RepoError, RestoreOptions, backup_tree, check, restore,
 };
 use tokio_util::sync::CancellationToken;
 
-async fn round_trip(repo: &Repository) -> TestResult {
-    let cancel = CancellationToken::new();
-    let src = tempfile::tempdir()?;
-    build_hard_tree(src.path());
-    let summary = backup_tree(repo, src.path(), &BackupOptions::default(), None, &cancel).await?;
-    assert_eq!(summary.errors, 0);
-    assert!(summary.files > 5000);
-    // The duplicated 3 MiB file is stored once.
-    assert!(
-        summary.bytes_new + (3 << 20) <= summary.bytes_total + (64 << 20) - 105_000,
-        "{summary:?}"
-    );
-    let out = tempfile::tempdir()?;
-    let target = out.path().join("restored");
-    let r = restore(repo, &summary.snapshot_id, &target, &RestoreOptions::default(), None, &cancel)
-        .await?;
-    assert_eq!(r.files, summary.files);
-    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
-    assert_same_tree(src.path(), &target);
-    let report = check(repo, CheckOptions { read_data: true }, None, &cancel).await?;
-    assert!(report.is_ok(), "{:?}", report.problems);
-    assert_eq!(report.snapshots, 1);
-    assert!(report.packs_read > 0);
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hard_cases_round_trip_on_memory_store() -> TestResult {
-    round_trip(&memory_repo().await.0).await
+    hard_cases_round_trip(&memory_repo().await.0).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hard_cases_round_trip_on_file_system_store() -> TestResult {
     let dir = tempfile::tempdir()?;
-    round_trip(&common::fs_repo(dir.path()).await).await
+    hard_cases_round_trip(&common::fs_repo(dir.path()).await).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,6 +36,43 @@ pub async fn fs_repo(dir: &Path) -> Repository {
     Repository::init(store, b"secret", &options(), &CancellationToken::new()).await.unwrap().0
 }
 
+/// A store on the shared real S3 server (moto) under `bucket/prefix`, creating the bucket.
+pub async fn s3_store(bucket: &str, prefix: &str) -> Arc<dyn ObjectStore> {
+    use ferry_store::{S3Config, S3Options, S3Store, StaticCredentials};
+    ferry_testbed::install_crypto_provider();
+    let s3 = ferry_testbed::S3Server::shared();
+    create_bucket(s3.endpoint(), bucket);
+    let options = S3Options {
+        endpoint: Some(s3.endpoint().to_owned()),
+        region: Some("us-east-1".into()),
+        force_path_style: true,
+        credentials: Some(StaticCredentials {
+            access_key_id: "ferry-test".into(),
+            secret_access_key: "ferry-test-secret".into(),
+            session_token: None,
+        }),
+        ..S3Options::default()
+    };
+    let config = S3Config { bucket: bucket.into(), prefix: prefix.into(), options };
+    Arc::new(S3Store::new(config).await.unwrap())
+}
+
+/// Creates a bucket with a path-style `PUT /bucket` (moto accepts it unsigned; an existing
+/// bucket is fine).
+fn create_bucket(endpoint: &str, bucket: &str) {
+    use std::io::{Read, Write};
+    let addr = endpoint.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "PUT /{bucket} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "bucket creation failed: {response}");
+}
+
 pub fn noise(len: usize, seed: u8) -> Vec<u8> {
     let mut v = vec![0u8; len];
     blake3::Hasher::new_keyed(&[seed; 32]).finalize_xof().fill(&mut v);
@@ -348,4 +385,47 @@ impl ObjectStore for CancelAfterPacks {
     ) -> ferry_store::StoreResult<()> {
         self.inner.delete(key, cancel).await
     }
+}
+
+/// Backs up the tree of hard cases, restores it, compares, and checks every byte.
+pub async fn hard_cases_round_trip(repo: &Repository) -> TestResult {
+    let cancel = CancellationToken::new();
+    let src = tempfile::tempdir()?;
+    build_hard_tree(src.path());
+    let summary = ferry_repo::backup_tree(
+        repo,
+        src.path(),
+        &ferry_repo::BackupOptions::default(),
+        None,
+        &cancel,
+    )
+    .await?;
+    assert_eq!(summary.errors, 0);
+    assert!(summary.files > 5000);
+    // The duplicated 3 MiB file is stored once.
+    assert!(
+        summary.bytes_new + (3 << 20) <= summary.bytes_total + (64 << 20) - 105_000,
+        "{summary:?}"
+    );
+    let out = tempfile::tempdir()?;
+    let target = out.path().join("restored");
+    let r = ferry_repo::restore(
+        repo,
+        &summary.snapshot_id,
+        &target,
+        &ferry_repo::RestoreOptions::default(),
+        None,
+        &cancel,
+    )
+    .await?;
+    assert_eq!(r.files, summary.files);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    assert_same_tree(src.path(), &target);
+    let report =
+        ferry_repo::check(repo, ferry_repo::CheckOptions { read_data: true }, None, &cancel)
+            .await?;
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.snapshots, 1);
+    assert!(report.packs_read > 0);
+    Ok(())
 }

@@ -2,6 +2,8 @@
 //! snapshot needs is ever deleted, whatever the interleaving or the point where gc stops.
 #![allow(clippy::unwrap_used)]
 
+#[path = "../common/mod.rs"]
+mod common;
 mod faults;
 mod interleave;
 mod s3;
