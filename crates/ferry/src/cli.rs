@@ -71,6 +71,11 @@ pub enum RepoCommand {
     Init {
         #[command(flatten)]
         repo: RepoArgs,
+        /// Size packs are filled to before they are stored, in MiB (1 to 1024). Smaller packs
+        /// mean more objects but less to upload again after an interrupted backup.
+        #[arg(long, value_name = "MIB", default_value_t = 16,
+              value_parser = clap::value_parser!(u32).range(1..=1024))]
+        pack_size_mib: u32,
     },
 }
 

@@ -59,8 +59,8 @@ fn main() -> ExitCode {
 
 async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()> {
     match command {
-        Command::Repo { command: RepoCommand::Init { repo } } => {
-            repo_cmds::init(&repo, cancel).await
+        Command::Repo { command: RepoCommand::Init { repo, pack_size_mib } } => {
+            repo_cmds::init(&repo, pack_size_mib, cancel).await
         }
         Command::Backup(args) => repo_cmds::backup(&args, cancel).await,
         Command::Restore(args) => repo_cmds::restore(&args, cancel).await,

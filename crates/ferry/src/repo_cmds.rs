@@ -36,14 +36,20 @@ pub(crate) async fn open_repo(
         .with_context(|| format!("opening repository {}", args.repo))
 }
 
-pub async fn init(args: &RepoArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
+pub async fn init(
+    args: &RepoArgs,
+    pack_size_mib: u32,
+    cancel: &CancellationToken,
+) -> anyhow::Result<()> {
     let password = password::read(args.password_file.as_deref())?;
     if let StoreUrl::File { root } = StoreUrl::parse(&args.repo)? {
         std::fs::create_dir_all(&root)
             .with_context(|| format!("creating repository directory {}", root.display()))?;
     }
     let store = open_store(args).await?;
-    let (_, outcome) = Repository::init(store, &password, &InitOptions::default(), cancel)
+    let mut options = InitOptions::default();
+    options.packs.target_size = pack_size_mib << 20;
+    let (_, outcome) = Repository::init(store, &password, &options, cancel)
         .await
         .with_context(|| format!("initialising repository {}", args.repo))?;
     match outcome {
