@@ -137,11 +137,9 @@ const BROKEN: &[(&str, Breaker)] = &[
     }),
     ("pack-missing", |repo| Ok(std::fs::remove_file(largest(&repo.join("data"))?)?)),
     ("index-flipped", |repo| flip_byte(&files(&repo.join("index"))?[0], None)),
-    ("snapshots-flipped", |repo| {
-        for snapshot in files(&repo.join("snapshots"))? {
-            flip_byte(&snapshot, None)?;
-        }
-        Ok(())
+    ("snapshot-flipped", |repo| {
+        let id = std::fs::read_to_string(repo.with_file_name("tree-snapshot"))?;
+        flip_byte(&repo.join("snapshots").join(id.trim()), None)
     }),
     ("keyfile-flipped", |repo| {
         let key = files(&repo.join("keys"))?.remove(0);

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use ferry_repo::{BackupOptions, InitOptions, InitOutcome, Repository, RestoreOptions, SnapshotId};
+use ferry_repo::{
+    BackupOptions, InitOptions, InitOutcome, Repository, RestoreOptions, Snapshot, SnapshotId,
+};
 use ferry_store::{AnyStore, ObjectStore, S3Options, StoreUrl};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -189,8 +191,23 @@ pub async fn snapshots(
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
     let repo = open_repo(args, cancel).await?;
-    let mut list = repo.snapshots(cancel).await.context("listing snapshots")?;
+    let (mut list, damaged) = repo.readable_snapshots(cancel).await.context("listing snapshots")?;
     list.sort_by_key(|(_, s)| (s.time.sec, s.time.nsec));
+    for e in &damaged {
+        eprintln!("ferry: warning: {e}");
+    }
+    let listed = print_snapshots(&list, json);
+    match damaged.len() {
+        0 => listed,
+        n => listed.and_then(|()| {
+            anyhow::bail!(
+                "{n} snapshot(s) could not be read (see the warnings above); the others are listed"
+            )
+        }),
+    }
+}
+
+fn print_snapshots(list: &[(SnapshotId, Snapshot)], json: bool) -> anyhow::Result<()> {
     let rows: Vec<SnapshotJson> = list
         .iter()
         .map(|(id, s)| SnapshotJson {

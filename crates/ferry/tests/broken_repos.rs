@@ -216,12 +216,19 @@ fn flipped_index_byte_is_named_by_check_and_restore() {
 }
 
 #[test]
-fn flipped_snapshot_bytes_are_named() {
-    let case = Case::new("snapshots-flipped");
+fn a_damaged_snapshot_is_named_and_hides_no_other() {
+    let case = Case::new("snapshot-flipped");
     let tree_key = format!("snapshots/{}", case.snapshot("tree"));
-    assert_names(&case.ferry(&["snapshots"]), "snapshots/");
+    let out = case.ferry(&["snapshots", "--json"]);
+    assert_names(&out, "could not be read");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("warning: snapshot {tree_key} is damaged")), "{stderr}");
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON list");
+    let ids: Vec<&str> =
+        list.as_array().expect("list").iter().filter_map(|s| s["id"].as_str()).collect();
+    assert_eq!(ids, [case.snapshot("volume").as_str()], "the readable snapshot is listed");
     assert_check_names(&case.ferry(&["check"]), &tree_key);
-    assert_eq!(case.restores_fail_naming("snapshots/"), 2);
+    assert_eq!(case.restores_fail_naming(&tree_key), 1, "only the damaged one fails");
 }
 
 #[test]

@@ -27,6 +27,34 @@ impl Repository {
         Ok(out)
     }
 
+    /// Every snapshot that can be read, oldest first, and the errors of those that cannot
+    /// (damaged bytes): one damaged manifest must not hide the others.
+    ///
+    /// # Errors
+    /// Store failures and cancellation (nothing can be listed then).
+    pub async fn readable_snapshots(
+        &self,
+        cancel: &CancellationToken,
+    ) -> RepoResult<(Vec<(SnapshotId, Snapshot)>, Vec<RepoError>)> {
+        let ids = self.snapshot_ids(cancel).await?;
+        let loaded: Vec<_> = futures::stream::iter(ids)
+            .map(|id| async move { self.load_snapshot(&id, cancel).await.map(|s| (id, s)) })
+            .buffer_unordered(LOAD_CONCURRENCY)
+            .collect()
+            .await;
+        let (mut good, mut damaged) = (Vec::new(), Vec::new());
+        for result in loaded {
+            match result {
+                Ok(pair) => good.push(pair),
+                Err(e @ RepoError::Corrupt { .. }) => damaged.push(e),
+                Err(e) => return Err(e),
+            }
+        }
+        good.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));
+        damaged.sort_by_key(ToString::to_string);
+        Ok((good, damaged))
+    }
+
     /// Ids of every snapshot.
     ///
     /// # Errors
