@@ -9,9 +9,9 @@
 //! `<dataupload>-ferry-info` in Velero's namespace, labelled `velero.io/backup-name` and
 //! `ferry.io/data-upload-snapshot-info: "true"`, holding `backupStorageLocation`,
 //! `volumeNamespace`, `snapshotID`, `sourcePVC` and `datamover`. The record outlives the Backup
-//! and the DeleteBackupRequest, so the deletion survives restarts; it is the agent's to act on
-//! (delete the snapshot from the repository, then the ConfigMap). That consumer is not part of
-//! this crate and does not exist yet.
+//! and the DeleteBackupRequest, so the deletion survives restarts; the agents act on it
+//! (`ferry-mover`'s `deletion.rs`: forget the snapshot in the repository, collect garbage, then
+//! delete the ConfigMap; end to end in `crates/ferry/tests/e2e/deletion.rs`).
 
 use std::collections::BTreeMap;
 
