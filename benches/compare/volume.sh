@@ -3,7 +3,11 @@
 # (the Linux 6.1 source tree used by run.sh), first backup, an incremental after 1 % of the
 # files changed, and a restore onto a new image file. Reports wall time and GB/s of device size.
 #
-# Usage: benches/compare/volume.sh [--data DIR] [--work DIR] [--ferry BIN]
+# The same steps with kopia (the version run.sh builds) reading the device as one stream, as
+# Velero's kopia uploader does for block volumes: `kopia snapshot create --stdin-file`, and
+# `kopia snapshot restore` of that file.
+#
+# Usage: benches/compare/volume.sh [--data DIR] [--work DIR] [--ferry BIN] [--kopia BIN|--no-kopia]
 # Needs root (losetup, mount), mkfs.ext4, and a release build of ferry
 # (cargo build --release -p ferry). Every loop device and mount is released on exit.
 set -euo pipefail
@@ -13,6 +17,7 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 DATA="${XDG_CACHE_HOME:-$HOME/.cache}/ferry/data/linux-source-6.1"
 WORK_PARENT="${TMPDIR:-/tmp}"
 FERRY="${CARGO_TARGET_DIR:-$ROOT/target}/release/ferry"
+KOPIA="${XDG_CACHE_HOME:-$HOME/.cache}/ferry/anchors/kopia-v0.23.1/kopia"
 SIZE=$((2 << 30))
 
 while [[ $# -gt 0 ]]; do
@@ -20,6 +25,8 @@ while [[ $# -gt 0 ]]; do
     --data) DATA="$2"; shift 2 ;;
     --work) WORK_PARENT="$2"; shift 2 ;;
     --ferry) FERRY="$2"; shift 2 ;;
+    --kopia) KOPIA="$2"; shift 2 ;;
+    --no-kopia) KOPIA=""; shift ;;
     *) echo "volume.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -57,6 +64,23 @@ echo "| step | wall | device GB/s | ferry output |"
 echo "|---|---|---|---|"
 first="$(mktemp)"
 timed "first backup" "$FERRY" backup --repo "$REPO" --json "$DEV" | tee "$first"
+
+if [[ -n "$KOPIA" && ! -x "$KOPIA" ]]; then
+  echo "volume.sh: no kopia at $KOPIA (run run.sh once to build it, or pass --no-kopia)" >&2
+  KOPIA=""
+fi
+kopia() { "$KOPIA" "$@" --config-file "$WORK/kopia/repository.config" --log-dir "$WORK/kopia/logs"; }
+kopia_backup() { # reads the whole device as one file, as Velero's block uploader does
+  kopia snapshot create - --stdin-file=volume.img --disable-file-logging --json < "$DEV" \
+    > "$WORK/kopia.json"
+}
+if [[ -n "$KOPIA" ]]; then
+  export KOPIA_PASSWORD=ferry-benchmark-password KOPIA_CHECK_FOR_UPDATES=false
+  kopia repository create filesystem --path "$WORK/kopia-repo" --cache-directory "$WORK/kopia/cache" >/dev/null 2>&1
+  kopia maintenance set --enable-quick=false --enable-full=false >/dev/null 2>&1
+  sync; echo 3 > /proc/sys/vm/drop_caches
+  timed "kopia: first backup" kopia_backup
+fi
 ID="$(grep -o '"snapshot_id":"[0-9a-f]*"' "$first" | cut -d'"' -f4)"
 
 # 1 % of the files change: a line appended to every 100th file (sorted by path).
@@ -68,9 +92,21 @@ sync; echo 3 > /proc/sys/vm/drop_caches
 
 second="$(mktemp)"
 timed "incremental (1 % of files changed)" "$FERRY" backup --repo "$REPO" --json --parent "$ID" "$DEV" | tee "$second"
+if [[ -n "$KOPIA" ]]; then
+  sync; echo 3 > /proc/sys/vm/drop_caches
+  timed "kopia: incremental (1 % of files changed)" kopia_backup
+  KID="$(python3 "$HERE/helper.py" snapshot-id --tool kopia "$WORK/kopia.json")"
+fi
 ID2="$(grep -o '"snapshot_id":"[0-9a-f]*"' "$second" | cut -d'"' -f4)"
 sync; echo 3 > /proc/sys/vm/drop_caches
 timed "restore onto a new image file" "$FERRY" restore --repo "$REPO" "$ID2" "$WORK/restored.img"
 cmp "$WORK/restored.img" "$DEV" && echo "restored image identical to the device"
+if [[ -n "$KOPIA" ]]; then
+  sync; echo 3 > /proc/sys/vm/drop_caches
+  # A stdin snapshot restores as a directory holding the file under its --stdin-file name.
+  timed "kopia: restore onto a new image file" kopia snapshot restore "$KID" "$WORK/kopia-restored" --disable-file-logging
+  cmp "$WORK/kopia-restored/volume.img" "$DEV" && echo "kopia's restored image identical to the device"
+  echo "kopia repository: $(du -sh "$WORK/kopia-repo" | cut -f1)"
+fi
 echo "repository: $(du -sh "$WORK/repo" | cut -f1)"
 rm -f "$first" "$second"
