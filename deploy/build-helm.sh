@@ -21,10 +21,18 @@ if [[ -x "$bin_dir/helm" ]]; then
   exit 0
 fi
 
+mkdir -p "$bin_dir"
+# Tests render the chart in parallel: one build at a time, the others wait for it and reuse it.
+exec 9>"$bin_dir/.lock"
+flock 9
+if [[ -x "$bin_dir/helm" ]]; then
+  echo "$bin_dir/helm"
+  exit 0
+fi
+
 work="$(mktemp -d "${TMPDIR:-/tmp}/ferry-helm-build.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 printf 'build-helm: building helm %s\n' "$helm_version" >&2
-mkdir -p "$bin_dir"
 (
   cd "$work"
   go mod init ferry.local/helm-build >/dev/null 2>&1

@@ -289,6 +289,8 @@ async fn repository(world: &World, ferry: &Path) -> anyhow::Result<()> {
             .arg("--password-file")
             .arg(&password_file)
             .args(["--s3-endpoint", world.s3()?.endpoint(), "--s3-region", "us-east-1"])
+            // The demo's repository lives and dies with the demo: nothing kept in ~/.cache.
+            .arg("--no-cache")
             .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
             .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
             .env("AWS_EC2_METADATA_DISABLED", "true")

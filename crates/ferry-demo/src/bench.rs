@@ -92,6 +92,8 @@ pub async fn bare_backup(world: &World, ferry: &Path, data: &Path) -> anyhow::Re
             .arg("--password-file")
             .arg(&password)
             .args(["--s3-endpoint", &endpoint, "--s3-region", "us-east-1"])
+            // The demo's repository lives and dies with the demo: nothing kept in ~/.cache.
+            .arg("--no-cache")
             .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
             .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
             .env("AWS_EC2_METADATA_DISABLED", "true")

@@ -112,6 +112,7 @@ image: {{repository: registry.example/ferry, tag: '1.2.3', pullPolicy: Always}}
 agent:
   privileged: false
   kubeletRoot: /var/lib/k0s/kubelet/
+  cache: {{enabled: true, sizeMiB: 256, volumeSizeLimit: 1Gi}}
   resources: {{requests: {{cpu: 250m, memory: 128Mi}}, limits: {{cpu: '1', memory: 1Gi}}}}
 nodeSelector: {{backup: 'yes'}}
 tolerations: [{{key: dedicated, operator: Equal, value: storage, effect: NoSchedule}}]
@@ -154,8 +155,25 @@ nodeAgentConfig: {{name: ferry-config, config: {{loadConcurrency: {{globalConfig
     let args: Vec<_> = agent["args"].as_sequence().context("args")?.iter().collect();
     assert_eq!(
         args,
-        ["agent", "--kubelet-root", "/var/lib/k0s/kubelet", "--config-map", "ferry-config"]
+        [
+            "agent",
+            "--kubelet-root",
+            "/var/lib/k0s/kubelet",
+            "--config-map",
+            "ferry-config",
+            "--cache-dir",
+            "/var/cache/ferry",
+            "--cache-size-mib",
+            "256"
+        ]
     );
+    let cache = pod["volumes"]
+        .as_sequence()
+        .context("volumes")?
+        .iter()
+        .find(|v| v["name"] == "cache")
+        .context("cache volume")?;
+    assert_eq!(cache["emptyDir"]["sizeLimit"], "1Gi");
     let paths: Vec<_> = pod["volumes"]
         .as_sequence()
         .context("volumes")?

@@ -79,7 +79,12 @@ async fn parent_of(
     kind: SnapshotKind,
     cancel: &CancellationToken,
 ) -> Result<Option<SnapshotId>, RepoError> {
-    let snapshots = repo.snapshots(cancel).await?;
+    // A damaged manifest (another volume's, or an old one) must not stop every backup into
+    // the repository: it is only not a parent candidate.
+    let (snapshots, damaged) = repo.readable_snapshots(cancel).await?;
+    for e in &damaged {
+        tracing::warn!(error = %e, "snapshot manifest unreadable; not considered as a parent");
+    }
     Ok(snapshots
         .into_iter()
         .filter(|(_, s)| s.source == source && s.kind().ok() == Some(kind))
@@ -189,5 +194,47 @@ impl DataMover for RepoMover {
         progress.set_total(written);
         progress.set_done(written);
         Ok(RestoreOutcome { total_bytes: written })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::sync::Arc;
+
+    use ferry_repo::{BackupOptions, InitOptions, KdfParams};
+    use ferry_store::{MemoryStore, ObjectKey, ObjectStore};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_damaged_manifest_does_not_stop_the_parent_lookup() {
+        let cancel = CancellationToken::new();
+        let store = Arc::new(MemoryStore::new());
+        let options =
+            InitOptions { kdf: KdfParams::insecure_for_tests(), ..InitOptions::default() };
+        let dyn_store: Arc<dyn ObjectStore> = store.clone();
+        let (repo, _) = Repository::init(dyn_store, b"pw", &options, &cancel).await.unwrap();
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("f"), b"data").unwrap();
+        let mut ids = Vec::new();
+        for source in ["ns/a", "ns/b"] {
+            let options = BackupOptions { source: source.into(), ..BackupOptions::default() };
+            let summary =
+                ferry_repo::backup_tree(&repo, src.path(), &options, None, &cancel).await.unwrap();
+            ids.push(summary.snapshot_id);
+        }
+        // Damage the other volume's manifest.
+        let key = ObjectKey::new(format!("snapshots/{}", ids[1])).unwrap();
+        let mut bytes = store.get(&key, &cancel).await.unwrap().to_vec();
+        bytes[30] ^= 1;
+        store.delete(&key, &cancel).await.unwrap();
+        store.put_if_absent(&key, bytes.into(), &cancel).await.unwrap();
+        assert!(repo.snapshots(&cancel).await.is_err(), "the damage is seen");
+
+        let parent = parent_of(&repo, "ns/a", SnapshotKind::Tree, &cancel).await.unwrap();
+        assert_eq!(parent, Some(ids[0]));
+        let none = parent_of(&repo, "ns/b", SnapshotKind::Tree, &cancel).await.unwrap();
+        assert_eq!(none, None, "the damaged one is no parent");
     }
 }

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use ferry_api::BackupStorageLocation;
 use ferry_api::k8s_openapi::ByteString;
 use ferry_api::k8s_openapi::api::core::v1::Secret;
-use ferry_repo::{InitOptions, Repository};
+use ferry_repo::{CacheOptions, InitOptions, Repository};
 use ferry_store::{ObjectStore, S3Config, S3Options, S3Store};
 use kube::api::{Api, PostParams};
 use tokio::sync::Mutex;
@@ -68,6 +68,7 @@ pub struct BslRepositories {
     client: kube::Client,
     namespace: String,
     init: InitOptions,
+    cache: Option<CacheOptions>,
     open: Mutex<HashMap<(String, String), (Repository, String)>>,
 }
 
@@ -83,7 +84,14 @@ impl BslRepositories {
     /// Reads BSLs and secrets in Velero's namespace `namespace`; new repositories get `init`.
     #[must_use]
     pub fn new(client: kube::Client, namespace: impl Into<String>, init: InitOptions) -> Self {
-        Self { client, namespace: namespace.into(), init, open: Mutex::default() }
+        Self { client, namespace: namespace.into(), init, cache: None, open: Mutex::default() }
+    }
+
+    /// Gives every repository opened a local cache in `cache` (see [`CacheOptions`]).
+    #[must_use]
+    pub fn with_cache(mut self, cache: Option<CacheOptions>) -> Self {
+        self.cache = cache;
+        self
     }
 
     async fn secret_value(&self, name: &str, key: &str) -> Result<Option<Vec<u8>>, MoverError> {
@@ -231,6 +239,9 @@ impl RepositorySource for BslRepositories {
                     source: Box::new(source),
                 }
             })?;
+        if let Some(cache) = &self.cache {
+            repo.set_cache(cache);
+        }
         open.insert(key, (repo.clone(), described.clone()));
         Ok((repo, described))
     }

@@ -79,6 +79,10 @@ pub struct AgentArgs {
     /// A file holding the password of `--repo` (else `FERRY_PASSWORD`).
     #[arg(long)]
     pub password_file: Option<PathBuf>,
+    /// A local cache of each repository's index files, snapshot manifests and tree packs
+    /// (none unless `--cache-dir` is given; the manifests mount a size-limited emptyDir).
+    #[command(flatten)]
+    pub cache: crate::cli::CacheArgs,
     /// How often the snapshots of deleted backups are looked for (Go duration).
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub deletion_interval: Duration,
@@ -130,15 +134,26 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
                 password_file: args.password_file.clone(),
                 s3_endpoint: args.s3_endpoint.clone(),
                 s3_region: args.s3_region.clone(),
+                // The agent keeps a cache only where it is told to (a bounded volume).
+                cache: crate::cli::CacheArgs {
+                    no_cache: args.cache.no_cache || args.cache.cache_dir.is_none(),
+                    ..args.cache.clone()
+                },
             };
             let repo: Repository = repo_cmds::open_repo(&repo_args, cancel).await?;
             Arc::new(FixedRepository::new(repo, url.clone()))
         }
-        None => Arc::new(BslRepositories::new(
-            client.clone(),
-            args.namespace.clone(),
-            InitOptions::default(),
-        )),
+        None => {
+            let cache = args.cache.options(None);
+            Arc::new(
+                BslRepositories::new(
+                    client.clone(),
+                    args.namespace.clone(),
+                    InitOptions::default(),
+                )
+                .with_cache(cache),
+            )
+        }
     };
     let mut exposer = ExposerConfig::new(args.pod_image.clone());
     exposer.namespace.clone_from(&args.namespace);

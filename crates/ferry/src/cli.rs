@@ -71,11 +71,11 @@ pub enum RepoCommand {
     Init {
         #[command(flatten)]
         repo: RepoArgs,
-        /// Size packs are filled to before they are stored, in MiB (1 to 1024). Smaller packs
-        /// mean more objects but less to upload again after an interrupted backup.
-        #[arg(long, value_name = "MIB", default_value_t = 16,
-              value_parser = clap::value_parser!(u32).range(1..=1024))]
-        pack_size_mib: u32,
+        /// Size packs are filled to before they are stored, in MiB (1 to 1024; default 16).
+        /// Smaller packs mean more objects but less to upload again after an interrupted
+        /// backup. Fixed when the repository is created.
+        #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..=1024))]
+        pack_size_mib: Option<u32>,
     },
 }
 
@@ -94,6 +94,37 @@ pub struct RepoArgs {
     /// S3 region (else from the AWS environment).
     #[arg(long, env = "FERRY_S3_REGION")]
     pub s3_region: Option<String>,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+}
+
+/// The local cache of index files, snapshot manifests and tree packs.
+#[derive(Debug, Clone, Default, Args)]
+pub struct CacheArgs {
+    /// Keep a cache of the repository's index files, snapshot manifests and tree packs here
+    /// (one folder per repository; safe to delete at any time). Default for S3 repositories:
+    /// `$XDG_CACHE_HOME/ferry/repos` or `~/.cache/ferry/repos`; file repositories, and
+    /// `ferry agent`, use none unless this is given.
+    #[arg(long, env = "FERRY_CACHE_DIR", value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Most the cache may hold for one repository, in MiB.
+    #[arg(long, env = "FERRY_CACHE_SIZE_MIB", value_name = "MIB", default_value_t = 512,
+          value_parser = clap::value_parser!(u64).range(16..=1_048_576))]
+    pub cache_size_mib: u64,
+    /// Use no local cache (also when a cache folder is given).
+    #[arg(long)]
+    pub no_cache: bool,
+}
+
+impl CacheArgs {
+    /// The cache asked for: in `--cache-dir`, else in `default_dir`; none with `--no-cache`.
+    pub fn options(&self, default_dir: Option<PathBuf>) -> Option<ferry_repo::CacheOptions> {
+        if self.no_cache {
+            return None;
+        }
+        let dir = self.cache_dir.clone().or(default_dir)?;
+        Some(ferry_repo::CacheOptions { dir, max_bytes: self.cache_size_mib << 20 })
+    }
 }
 
 #[derive(Debug, Args)]

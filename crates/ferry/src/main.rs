@@ -81,21 +81,10 @@ fn fail(err: &anyhow::Error) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// The error and its causes joined by `: `, each said once: Ferry's errors show their source
-/// in their own message, so a cause already in the line is not repeated.
+/// The error and its causes on one line, each said once (Ferry's errors show their source in
+/// their own message): the agent's rendering of a failure, also used for CR messages.
 fn one_line(err: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in err.chain() {
-        let text = cause.to_string();
-        if line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line
+    ferry_agent::error_chain(err.as_ref())
 }
 
 fn init_logging(verbose: u8) {

@@ -4,13 +4,14 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use ferry_repo::{
-    BackupOptions, InitOptions, InitOutcome, Repository, RestoreOptions, Snapshot, SnapshotId,
+    BackupOptions, CacheOptions, InitOptions, InitOutcome, Repository, RestoreOptions, Snapshot,
+    SnapshotId,
 };
 use ferry_store::{AnyStore, ObjectStore, S3Options, StoreUrl};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{BackupArgs, RepoArgs, RestoreArgs};
+use crate::cli::{BackupArgs, CacheArgs, RepoArgs, RestoreArgs};
 use crate::{password, progress};
 
 async fn open_store(args: &RepoArgs) -> anyhow::Result<Arc<dyn ObjectStore>> {
@@ -27,7 +28,20 @@ async fn open_store(args: &RepoArgs) -> anyhow::Result<Arc<dyn ObjectStore>> {
     Ok(Arc::new(store))
 }
 
+/// Opens the repository, with the local cache the arguments ask for.
 pub(crate) async fn open_repo(
+    args: &RepoArgs,
+    cancel: &CancellationToken,
+) -> anyhow::Result<Repository> {
+    let repo = open_repo_uncached(args, cancel).await?;
+    if let Some(options) = cache_options(&args.cache, &StoreUrl::parse(&args.repo)?) {
+        repo.set_cache(&options);
+    }
+    Ok(repo)
+}
+
+/// Opens the repository without a local cache: every object is read from the store.
+async fn open_repo_uncached(
     args: &RepoArgs,
     cancel: &CancellationToken,
 ) -> anyhow::Result<Repository> {
@@ -38,9 +52,23 @@ pub(crate) async fn open_repo(
         .with_context(|| format!("opening repository {}", args.repo))
 }
 
+/// Where the cache of `url`'s repository goes: `--cache-dir`, else the user's cache folder
+/// for S3 repositories (a file repository is on local disk already); none with `--no-cache`.
+fn cache_options(args: &CacheArgs, url: &StoreUrl) -> Option<CacheOptions> {
+    let default_dir = match url {
+        StoreUrl::File { .. } => None,
+        _ => std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache")))
+            .map(|base| base.join("ferry").join("repos")),
+    };
+    args.options(default_dir)
+}
+
 pub async fn init(
     args: &RepoArgs,
-    pack_size_mib: u32,
+    pack_size_mib: Option<u32>,
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
     let password = password::read(args.password_file.as_deref())?;
@@ -50,14 +78,23 @@ pub async fn init(
     }
     let store = open_store(args).await?;
     let mut options = InitOptions::default();
-    options.packs.target_size = pack_size_mib << 20;
-    let (_, outcome) = Repository::init(store, &password, &options, cancel)
+    if let Some(mib) = pack_size_mib {
+        options.packs.target_size = mib << 20;
+    }
+    let (repo, outcome) = Repository::init(store, &password, &options, cancel)
         .await
         .with_context(|| format!("initialising repository {}", args.repo))?;
     match outcome {
         InitOutcome::Created => println!("created repository {}", args.repo),
         InitOutcome::AlreadyExisted => {
-            println!("repository {} already exists; opened it", args.repo)
+            println!("repository {} already exists; opened it", args.repo);
+            let existing = repo.config().packs.target_size;
+            if pack_size_mib.is_some() && existing != options.packs.target_size {
+                eprintln!(
+                    "ferry: warning: --pack-size-mib ignored: the repository's packs are {} MiB",
+                    existing >> 20
+                );
+            }
         }
     }
     Ok(())
@@ -191,8 +228,7 @@ pub async fn snapshots(
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
     let repo = open_repo(args, cancel).await?;
-    let (mut list, damaged) = repo.readable_snapshots(cancel).await.context("listing snapshots")?;
-    list.sort_by_key(|(_, s)| (s.time.sec, s.time.nsec));
+    let (list, damaged) = repo.readable_snapshots(cancel).await.context("listing snapshots")?;
     for e in &damaged {
         eprintln!("ferry: warning: {e}");
     }
@@ -253,7 +289,8 @@ pub async fn check(
     read_data: bool,
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let repo = open_repo(args, cancel).await?;
+    // Never through the cache: check is about what the store holds.
+    let repo = open_repo_uncached(args, cancel).await?;
     let options = ferry_repo::CheckOptions { read_data };
     let report =
         ferry_repo::check(&repo, options, None, cancel).await.context("checking the repository")?;

@@ -57,7 +57,12 @@ fn backup_restore_snapshots_check_on_s3() {
     let dir = tempfile::tempdir().expect("tempdir");
     let src = dir.path().join("src");
     make_tree(&src);
-    let env = [("FERRY_S3_ENDPOINT", s3.endpoint()), ("FERRY_S3_REGION", "us-east-1")];
+    let xdg = dir.path().join("xdg");
+    let env = [
+        ("FERRY_S3_ENDPOINT", s3.endpoint()),
+        ("FERRY_S3_REGION", "us-east-1"),
+        ("XDG_CACHE_HOME", xdg.to_str().expect("path")),
+    ];
     let repo = "s3://cli-s3/ferry/ns";
 
     let init = ok(&ferry(&env, &["repo", "init", "--repo", repo]));
@@ -105,6 +110,14 @@ fn backup_restore_snapshots_check_on_s3() {
 
     let check = ok(&ferry(&env, &["check", "--repo", repo, "--read-data"]));
     assert!(check.contains("no problems found"), "{check}");
+
+    // S3 repositories get a local cache in the user's cache folder, one folder per repository.
+    let repos: Vec<_> = std::fs::read_dir(xdg.join("ferry/repos"))
+        .expect("cache folder")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(repos.len(), 1, "{repos:?}");
+    assert!(repos[0].join("index").read_dir().expect("cached index files").next().is_some());
 }
 
 /// Environment, arguments, and a text the one-line error must contain.
@@ -220,4 +233,69 @@ fn forget_and_gc_reclaim_space_with_clear_output_and_exit_codes() {
 
     let again = ok(&ferry(&[], &["gc", "--repo", &repo]));
     assert!(again.contains("deleted 0 packs"), "{again}");
+}
+
+/// Files under `dir` whose path contains `part`.
+fn files_with(dir: &Path, part: &str) -> Vec<std::path::PathBuf> {
+    let out = Command::new("find").arg(dir).args(["-type", "f"]).output().expect("find");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(part))
+        .map(std::path::PathBuf::from)
+        .collect()
+}
+
+#[test]
+fn the_cache_serves_verified_copies_may_be_deleted_and_is_never_used_by_check() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    make_tree(&src);
+    let store = dir.path().join("repo");
+    let repo = format!("file://{}", store.display());
+    let cache = dir.path().join("cache");
+    let cache_arg = cache.to_str().expect("path");
+    ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
+    let id = ok(&ferry(
+        &[],
+        &["backup", "--repo", &repo, "--cache-dir", cache_arg, src.to_str().expect("path")],
+    ));
+    let id = id.lines().last().expect("snapshot id").to_owned();
+    // Copies are written in the background: the listing makes sure the snapshot is there too.
+    ok(&ferry(&[("FERRY_CACHE_DIR", cache_arg)], &["snapshots", "--repo", &repo]));
+    assert_eq!(files_with(&cache, "/index/").len(), 1);
+    assert_eq!(files_with(&cache, "/snapshots/").len(), 1);
+    assert_eq!(files_with(&cache, "/trees/").len(), 1);
+
+    // Damage the repository's index file: check (which never uses the cache) reports it even
+    // when given one, a restore through the cache still restores exactly (the cached copy is
+    // the original, verified by its hash), and without the cache the restore refuses.
+    let index = files_with(&store, "/index/");
+    assert_eq!(index.len(), 1);
+    let mut bytes = std::fs::read(&index[0]).expect("read index");
+    bytes[40] ^= 1;
+    std::fs::write(&index[0], bytes).expect("write index");
+    let check = ferry(&[], &["check", "--repo", &repo, "--cache-dir", cache_arg]);
+    assert!(!check.status.success());
+    assert!(String::from_utf8_lossy(&check.stdout).contains("problem: index"), "{check:?}");
+    let target = dir.path().join("restored");
+    let t = target.to_str().expect("path");
+    ok(&ferry(&[], &["restore", "--repo", &repo, "--cache-dir", cache_arg, &id, t]));
+    assert_same_tree(&src, &target);
+    let refused = ferry(
+        &[],
+        &["restore", "--repo", &repo, &id, dir.path().join("r2").to_str().expect("path")],
+    );
+    assert!(!refused.status.success(), "restore without the cache read the damaged index");
+
+    // Deleted cache: the next command reads the store (here refused, the index is damaged),
+    // and with a sound repository fills the cache again.
+    std::fs::remove_dir_all(&cache).expect("delete cache");
+    let cold = ferry(&[], &["snapshots", "--repo", &repo, "--cache-dir", cache_arg]);
+    assert!(cold.status.success(), "listing needs no index: {cold:?}");
+    assert!(files_with(&cache, "/snapshots/").len() == 1, "cache filled again");
+    // --no-cache wins over a cache folder from the environment.
+    let unused = dir.path().join("unused");
+    let env = [("FERRY_CACHE_DIR", unused.to_str().expect("path"))];
+    ok(&ferry(&env, &["snapshots", "--repo", &repo, "--no-cache"]));
+    assert!(!unused.exists());
 }

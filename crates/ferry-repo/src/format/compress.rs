@@ -28,6 +28,10 @@ pub enum Compression {
     Zstd,
 }
 
+/// Largest output buffer a thread keeps between calls: room for the largest volume chunk
+/// (16 MiB) at zstd's worst-case bound.
+const SCRATCH_KEEP: usize = 17 << 20;
+
 thread_local! {
     static COMPRESSORS: RefCell<Vec<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(Vec::new()) };
     /// The compressor's output buffer, reused: a fresh one per chunk costs page faults.
@@ -69,13 +73,19 @@ pub(crate) fn encode_into(level: i32, raw: &[u8], out: &mut Vec<u8>) -> Compress
                 let mut scratch = scratch.borrow_mut();
                 scratch.clear();
                 scratch.reserve(zstd::zstd_safe::compress_bound(raw.len()));
-                match compressor.compress_to_buffer(raw, &mut *scratch) {
+                let done = match compressor.compress_to_buffer(raw, &mut *scratch) {
                     Ok(n) if n <= budget => {
                         out.extend_from_slice(&scratch[..n]);
                         true
                     }
                     _ => false,
+                };
+                // Chunks are at most a few MiB; a large metadata object must not leave its
+                // buffer behind on a long-lived thread.
+                if scratch.capacity() > SCRATCH_KEEP {
+                    *scratch = Vec::new();
                 }
+                done
             })
         });
         if done {

@@ -1,6 +1,7 @@
 //! A repository over an [`ObjectStore`]: init, open, keys, snapshots, blobs.
 
 mod cache;
+mod disk_cache;
 pub(crate) mod index;
 pub(crate) mod layout;
 mod snapshots;
@@ -19,6 +20,8 @@ use crate::format::{
     MasterKey, ObjectKind, PackParams, RepoKeys, TreePage, content_address, open_blob,
 };
 use cache::PackCache;
+pub use disk_cache::CacheOptions;
+use disk_cache::{Cached, DiskCache};
 pub use index::BlobLocation;
 pub(crate) use index::MemIndex;
 
@@ -60,6 +63,8 @@ struct Inner {
     chunker: Chunker,
     index: tokio::sync::Mutex<Option<Arc<MemIndex>>>,
     tree_packs: PackCache,
+    /// The local cache of index files, snapshots and tree packs, once set.
+    disk_cache: std::sync::OnceLock<Arc<DiskCache>>,
     /// Lease time of this process's backups and restores, in milliseconds (see `crate::gc`).
     lease_ttl_ms: std::sync::atomic::AtomicU64,
 }
@@ -209,6 +214,7 @@ impl Repository {
                 chunker,
                 index: tokio::sync::Mutex::new(None),
                 tree_packs: PackCache::new(64 << 20),
+                disk_cache: std::sync::OnceLock::new(),
                 lease_ttl_ms: std::sync::atomic::AtomicU64::new(
                     crate::gc::DEFAULT_LEASE_TTL.as_millis() as u64,
                 ),
@@ -263,6 +269,50 @@ impl Repository {
     pub fn set_lease_ttl(&self, ttl: std::time::Duration) {
         let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1000);
         self.inner.lease_ttl_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Keeps index files, snapshot manifests and tree packs in a local cache (see
+    /// [`CacheOptions`]), so later operations of this and other processes read them from disk
+    /// instead of the store. Cached copies are verified by their hash on every read. The first
+    /// call wins; later calls do nothing. `check` should not use a cache: it is meant to read
+    /// the store.
+    pub fn set_cache(&self, options: &CacheOptions) {
+        let _ =
+            self.inner.disk_cache.set(Arc::new(DiskCache::new(options, &self.config().repo_id)));
+    }
+
+    /// Reads the object `key`, named `id`, through the local cache when there is one. The
+    /// caller still verifies what it gets (a cached copy is verified already).
+    pub(crate) async fn get_cached(
+        &self,
+        kind: Cached,
+        id: [u8; 32],
+        key: &ferry_store::ObjectKey,
+        what: &'static str,
+        cancel: &CancellationToken,
+    ) -> RepoResult<Bytes> {
+        let Some(cache) = self.inner.disk_cache.get().cloned() else {
+            return self.store().get(key, cancel).await.map_err(|e| RepoError::store(what, key, e));
+        };
+        let hit = {
+            let cache = Arc::clone(&cache);
+            blocking(move || cache.get(kind, &id)).await?
+        };
+        if let Some(bytes) = hit {
+            return Ok(bytes);
+        }
+        let bytes =
+            self.store().get(key, cancel).await.map_err(|e| RepoError::store(what, key, e))?;
+        self.keep_copy(kind, id, bytes.clone());
+        Ok(bytes)
+    }
+
+    /// Puts a copy of an object this process stored or read into the local cache, in the
+    /// background.
+    pub(crate) fn keep_copy(&self, kind: Cached, id: [u8; 32], bytes: Bytes) {
+        if let Some(cache) = self.inner.disk_cache.get().cloned() {
+            tokio::task::spawn_blocking(move || cache.put(kind, &id, &bytes));
+        }
     }
 
     pub(crate) fn lease_ttl(&self) -> std::time::Duration {
@@ -337,11 +387,7 @@ impl Repository {
         cancel: &CancellationToken,
     ) -> RepoResult<IndexFile> {
         let key = layout::index(&id)?;
-        let bytes = self
-            .store()
-            .get(&key, cancel)
-            .await
-            .map_err(|e| RepoError::store("read index", &key, e))?;
+        let bytes = self.get_cached(Cached::Index, id.0, &key, "read index", cancel).await?;
         let cipher = self.keys().cipher.clone();
         blocking(move || {
             let object = format!("index {key}");
@@ -444,10 +490,8 @@ impl Repository {
                 }
                 let key = layout::pack(&loc.pack)?;
                 let bytes = self
-                    .store()
-                    .get(&key, cancel)
-                    .await
-                    .map_err(|e| RepoError::store("read tree pack", &key, e))?;
+                    .get_cached(Cached::TreePack, loc.pack.0, &key, "read tree pack", cancel)
+                    .await?;
                 cache.insert(loc.pack, bytes.clone());
                 bytes
             }

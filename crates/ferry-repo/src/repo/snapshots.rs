@@ -1,9 +1,10 @@
 //! Snapshot manifests: listing, lookup, the commit write, forget.
 
 use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
+use super::disk_cache::Cached;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{Snapshot, SnapshotId, content_address};
 use crate::repo::{LOAD_CONCURRENCY, Repository, layout};
@@ -17,14 +18,11 @@ impl Repository {
         &self,
         cancel: &CancellationToken,
     ) -> RepoResult<Vec<(SnapshotId, Snapshot)>> {
-        let ids = self.snapshot_ids(cancel).await?;
-        let mut out: Vec<(SnapshotId, Snapshot)> = futures::stream::iter(ids)
-            .map(|id| async move { self.load_snapshot(&id, cancel).await.map(|s| (id, s)) })
-            .buffer_unordered(LOAD_CONCURRENCY)
-            .try_collect()
-            .await?;
-        out.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));
-        Ok(out)
+        let (good, damaged) = self.readable_snapshots(cancel).await?;
+        match damaged.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(good),
+        }
     }
 
     /// Every snapshot that can be read, oldest first, and the errors of those that cannot
@@ -78,11 +76,7 @@ impl Repository {
         cancel: &CancellationToken,
     ) -> RepoResult<Snapshot> {
         let key = layout::snapshot(id)?;
-        let bytes = self
-            .store()
-            .get(&key, cancel)
-            .await
-            .map_err(|e| RepoError::store("read snapshot", &key, e))?;
+        let bytes = self.get_cached(Cached::Snapshot, id.0, &key, "read snapshot", cancel).await?;
         let object = format!("snapshot {key}");
         if content_address(&bytes) != id.0 {
             return Err(RepoError::corrupt(
@@ -133,10 +127,12 @@ impl Repository {
         let bytes = snapshot.encode(&self.keys().cipher);
         let id = SnapshotId(content_address(&bytes));
         let key = layout::snapshot(&id)?;
+        let bytes = Bytes::from(bytes);
         self.store()
-            .put_if_absent(&key, Bytes::from(bytes), cancel)
+            .put_if_absent(&key, bytes.clone(), cancel)
             .await
             .map_err(|e| RepoError::store("write snapshot", &key, e))?;
+        self.keep_copy(Cached::Snapshot, id.0, bytes);
         Ok(id)
     }
 

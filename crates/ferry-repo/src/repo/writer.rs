@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::disk_cache::Cached;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
     BlobId, IndexFile, IndexId, IndexPack, ObjectKind, PackBuilder, SealedPack, content_address,
@@ -162,10 +163,14 @@ async fn upload(
 ) -> RepoResult<IndexPack> {
     let key = layout::pack(&pack.id)?;
     let size = pack.bytes.len() as u64;
+    let bytes = Bytes::from(pack.bytes);
     repo.store()
-        .put_if_absent(&key, Bytes::from(pack.bytes), cancel)
+        .put_if_absent(&key, bytes.clone(), cancel)
         .await
         .map_err(|e| RepoError::store("upload pack", &key, e))?;
+    if pack.entries.first().is_some_and(|e| e.kind == ObjectKind::TreeBlob) {
+        repo.keep_copy(Cached::TreePack, pack.id.0, bytes);
+    }
     Ok(IndexPack { id: pack.id, size, entries: pack.entries })
 }
 
@@ -198,10 +203,12 @@ pub(crate) async fn write_index(
     let bytes = file.encode(&repo.keys().cipher);
     let id = IndexId(content_address(&bytes));
     let key = layout::index(&id)?;
+    let bytes = Bytes::from(bytes);
     repo.store()
-        .put_if_absent(&key, Bytes::from(bytes), cancel)
+        .put_if_absent(&key, bytes.clone(), cancel)
         .await
         .map_err(|e| RepoError::store("write index", &key, e))?;
+    repo.keep_copy(Cached::Index, id.0, bytes);
     Ok(id)
 }
 

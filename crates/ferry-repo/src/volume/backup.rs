@@ -35,6 +35,10 @@ use crate::volume::{VolumeBackupOptions, VolumeBackupSummary};
 /// Chunks handed to a reader at a time.
 const SEGMENT_CHUNKS: u64 = 64;
 
+/// Most bytes the readers ask the kernel to read ahead of them at once: page cache that counts
+/// against the pod's memory, and may be evicted unread if it is too much.
+const READ_AHEAD_BUDGET: u64 = 256 << 20;
+
 struct Shared {
     repo: Repository,
     index: Arc<MemIndex>,
@@ -47,8 +51,11 @@ struct Shared {
     chunk_size: u64,
     next_segment: AtomicU64,
     /// Segments between the one a reader takes and the one it prefetches: about the number
-    /// of readers, so each prefetch lands just before some reader needs it.
-    lookahead: u64,
+    /// of readers, so each prefetch lands just before some reader needs it. `None` when the
+    /// readers' segments alone fill the read-ahead budget.
+    lookahead: Option<u64>,
+    /// How much of its own segment a reader asks the kernel to read ahead.
+    prefetch_len: u64,
     /// The chunk id at each chunk index (`None`: unallocated or all zeros).
     slots: Mutex<Vec<Option<BlobId>>>,
 }
@@ -156,7 +163,9 @@ async fn backup_volume_leased(
         failure: Mutex::new(None),
         chunk_size,
         next_segment: AtomicU64::new(0),
-        lookahead: u64::try_from(threads).unwrap_or(1),
+        lookahead: (threads as u64 * SEGMENT_CHUNKS * chunk_size <= READ_AHEAD_BUDGET)
+            .then_some(threads as u64),
+        prefetch_len: (READ_AHEAD_BUDGET / threads.max(1) as u64).min(SEGMENT_CHUNKS * chunk_size),
         slots: Mutex::new(vec![None; slots]),
         volume,
         path: path.to_path_buf(),
@@ -313,8 +322,10 @@ fn read_segments(shared: &Shared, mut packer: LocalPacker) -> RepoResult<()> {
         let last = (first + SEGMENT_CHUNKS).min(shared.chunks());
         let (start, end) = (first * chunk, (last * chunk).min(size));
         let segment_bytes = SEGMENT_CHUNKS * chunk;
-        shared.volume.prefetch(start, end - start);
-        shared.volume.prefetch((segment + shared.lookahead) * segment_bytes, segment_bytes);
+        shared.volume.prefetch(start, (end - start).min(shared.prefetch_len));
+        if let Some(ahead) = shared.lookahead {
+            shared.volume.prefetch((segment + ahead) * segment_bytes, segment_bytes);
+        }
         let data = shared
             .volume
             .data_ranges(start, end)

@@ -41,7 +41,7 @@ pub async fn s3_store(bucket: &str, prefix: &str) -> Arc<dyn ObjectStore> {
     use ferry_store::{S3Config, S3Options, S3Store, StaticCredentials};
     ferry_testbed::install_crypto_provider();
     let s3 = ferry_testbed::S3Server::shared();
-    create_bucket(s3.endpoint(), bucket);
+    s3.create_bucket(bucket).unwrap();
     let options = S3Options {
         endpoint: Some(s3.endpoint().to_owned()),
         region: Some("us-east-1".into()),
@@ -55,22 +55,6 @@ pub async fn s3_store(bucket: &str, prefix: &str) -> Arc<dyn ObjectStore> {
     };
     let config = S3Config { bucket: bucket.into(), prefix: prefix.into(), options };
     Arc::new(S3Store::new(config).await.unwrap())
-}
-
-/// Creates a bucket with a path-style `PUT /bucket` (moto accepts it unsigned; an existing
-/// bucket is fine).
-fn create_bucket(endpoint: &str, bucket: &str) {
-    use std::io::{Read, Write};
-    let addr = endpoint.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        stream,
-        "PUT /{bucket} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.1 200"), "bucket creation failed: {response}");
 }
 
 pub fn noise(len: usize, seed: u8) -> Vec<u8> {

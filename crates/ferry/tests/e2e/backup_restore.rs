@@ -43,6 +43,11 @@ async fn a_volume_backed_up_by_data_upload_is_restored_by_data_download() -> Tes
     assert!(!status.accepted_by_node.is_empty());
     assert!(status.start_timestamp.is_some() && status.completion_timestamp.is_some());
     assert!(!status.path.is_empty());
+    // The agent that moved the data kept the repository's index and snapshot in its cache.
+    let cached = world.cached_files(&status.node);
+    for kind in ["/index/", "/snapshots/", "/trees/"] {
+        assert!(cached.iter().any(|p| p.contains(kind)), "no {kind} in the cache: {cached:?}");
+    }
     // The Completed event tells how the bytes divided up: a first backup reads them all.
     let note = world.event_note(&name, "Completed").await?;
     for part in ["MB/s", "read ", "skipped 0 B", "uploaded "] {

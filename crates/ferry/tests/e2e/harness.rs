@@ -138,6 +138,10 @@ impl World {
             .args(["--progress-interval", "1s", "--lease-duration", "6s"])
             .args(["--unschedulable-grace", "20s", "--concurrency", "2"])
             .args(["--metrics-address", "127.0.0.1:0", "--deletion-interval", "2s"])
+            // A repository cache per node, kept across the agent's restarts as on a node.
+            .arg("--cache-dir")
+            .arg(self.logs.path().join(format!("cache-{node}")))
+            .args(["--cache-size-mib", "64"])
             .args(&self.agent_args)
             .env("KUBECONFIG", ControlPlane::shared().kubeconfig())
             .env("FERRY_LOG", "info,kube=warn,tower=warn,hyper=warn,aws=warn")
@@ -148,6 +152,23 @@ impl World {
         let agent = process::spawn(&format!("ferry agent {node}"), cmd)?;
         self.agents.insert(node.to_owned(), agent);
         Ok(())
+    }
+
+    /// The files in the repository cache of `node`'s agent.
+    pub fn cached_files(&self, node: &str) -> Vec<String> {
+        fn walk(dir: &std::path::Path, out: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else {
+                    out.push(path.display().to_string());
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.logs.path().join(format!("cache-{node}")), &mut out);
+        out
     }
 
     /// Kills the agent of `node` with SIGKILL (no chance to clean up) and reaps it.
@@ -439,6 +460,8 @@ impl World {
             .arg("--password-file")
             .arg(&password_file)
             .args(["--s3-endpoint", S3Server::shared().endpoint(), "--s3-region", "us-east-1"])
+            // What the bucket holds, not a copy in the user's cache folder.
+            .arg("--no-cache")
             .env("AWS_ACCESS_KEY_ID", "ferry-e2e")
             .env("AWS_SECRET_ACCESS_KEY", "ferry-e2e-secret")
             .env("AWS_EC2_METADATA_DISABLED", "true")
