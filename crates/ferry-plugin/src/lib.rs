@@ -98,4 +98,5 @@ pub use restore::{
 };
 pub use server::PluginServer;
 pub use snapshot::{NewVolume, VolumeInfo, VolumeSnapshotter, VolumeSnapshotterV2};
+pub use status::error_chain;
 pub use types::{OperationProgress, ResourceIdentifier, ResourceSelector};

@@ -96,12 +96,17 @@ impl Call {
     }
 }
 
-/// `err` and each of its sources, joined by `": "`.
-pub(crate) fn error_chain(err: &dyn Error) -> String {
+/// `err` and each of its sources, joined by `": "`; a source whose text already ends the line
+/// (an error that shows its source in its own message) is said once.
+#[must_use]
+pub fn error_chain(err: &dyn Error) -> String {
     let mut out = err.to_string();
     let mut source = err.source();
     while let Some(s) = source {
-        let _ = write!(out, ": {s}");
+        let text = s.to_string();
+        if !out.ends_with(&text) {
+            let _ = write!(out, ": {text}");
+        }
         source = s.source();
     }
     out
@@ -124,6 +129,30 @@ mod tests {
 
     fn call() -> Call {
         Call::new(PluginKind::BackupItemActionV2, "ferry.dev/pvc", "Progress")
+    }
+
+    /// An error that shows its source in its own message.
+    #[derive(Debug)]
+    struct Shows(std::io::Error);
+
+    impl std::fmt::Display for Shows {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "creating the DataUpload: {}", self.0)
+        }
+    }
+
+    impl Error for Shows {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_said_once() {
+        let err = Shows(std::io::Error::other("connection refused"));
+        assert_eq!(error_chain(&err), "creating the DataUpload: connection refused");
+        let plain = std::io::Error::other("timed out");
+        assert_eq!(error_chain(&plain), "timed out");
     }
 
     #[tokio::test]

@@ -171,7 +171,7 @@ impl BackupItemActionV2 for PvcBackupAction {
             // Velero does not fail the backup here: it logs the error (which makes the backup
             // partially failed) and keeps the PVC unchanged.
             Err(err @ DmpError::CreateDataUpload { .. }) => {
-                tracing::error!("{}", error_chain(&err));
+                tracing::error!("{}", ferry_plugin::error_chain(&err));
                 return Ok(BackupItemOutputV2::unchanged());
             }
             Err(err) => return Err(err.into()),
@@ -219,16 +219,4 @@ impl BackupItemActionV2 for PvcBackupAction {
         let namespace = backup.namespace().unwrap_or(&self.ctx.velero_namespace);
         Ok(operation::cancel::<DataUpload>(&self.ctx.client, namespace, operation_id).await?)
     }
-}
-
-/// `err` and its sources, joined by `": "`.
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
