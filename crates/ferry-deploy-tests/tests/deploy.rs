@@ -23,16 +23,26 @@ fn kind_and_name(doc: &Value) -> (String, String) {
     (s(&doc["kind"]), s(&doc["metadata"]["name"]))
 }
 
+/// Held while the plain manifests are applied, for real or as a dry run: a dry-run create racing
+/// the real create of the same object is refused with AlreadyExists.
+static MANIFESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn manifests_lock() -> std::sync::MutexGuard<'static, ()> {
+    MANIFESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn every_plain_manifest_passes_server_dry_run() -> anyhow::Result<()> {
     let cp = ControlPlane::shared();
     let mut kinds = Vec::new();
+    let applying = manifests_lock();
     for file in manifest_files()? {
         let path = file.to_string_lossy();
         let out = kubectl(cp, &["apply", "--dry-run=server", "-f", &path], None)?;
         assert!(out.contains("(server dry run)"), "{path}: {out}");
         kinds.extend(documents(&read(&file)?)?.iter().map(|d| kind_and_name(d).0));
     }
+    drop(applying);
     kinds.sort();
     let expected = [
         "ClusterRole",
@@ -122,7 +132,11 @@ nodeAgentConfig: {{name: ferry-config, config: {{loadConcurrency: {{globalConfig
         ),
     )?;
     let yaml = helm_template(&["--values", &values.to_string_lossy()])?;
-    let out = kubectl(cp, &["apply", "--dry-run=server", "-f", "-"], Some(&yaml))?;
+    // Its cluster-scoped objects have the plain manifests' names.
+    let out = {
+        let _applying = manifests_lock();
+        kubectl(cp, &["apply", "--dry-run=server", "-f", "-"], Some(&yaml))?
+    };
     assert_eq!(out.matches("(server dry run)").count(), 7, "{out}");
 
     let objects = by_kind_and_name(documents(&yaml)?)?;
@@ -288,8 +302,11 @@ async fn the_agent_may_do_exactly_what_it_does() -> anyhow::Result<()> {
     let cp = ControlPlane::shared();
     assert_eq!(VELERO_NAMESPACE, "velero");
     let dir = ferry_deploy_tests::deploy_dir()?.join("manifests");
-    for file in ["serviceaccount.yaml", "rbac-namespace.yaml", "rbac-cluster.yaml"] {
-        kubectl(cp, &["apply", "-f", &dir.join(file).to_string_lossy()], None)?;
+    {
+        let _applying = manifests_lock();
+        for file in ["serviceaccount.yaml", "rbac-namespace.yaml", "rbac-cluster.yaml"] {
+            kubectl(cp, &["apply", "-f", &dir.join(file).to_string_lossy()], None)?;
+        }
     }
     let reviews: Api<SubjectAccessReview> = Api::all(cp.client()?);
     // The authorizer learns of new bindings through its informers: wait, boundedly.
