@@ -37,6 +37,67 @@ pub struct ExposeParams {
 pub struct Exposed {
     /// The node the cluster placed the volume on; that node's agent moves the data.
     pub node: String,
+    /// What exposing took, step by step (shown in the Prepared Event and the log).
+    pub steps: Vec<ExposeStep>,
+}
+
+impl Exposed {
+    /// Exposed on `node`, with no step timings.
+    #[must_use]
+    pub fn on(node: String) -> Self {
+        Self { node, steps: Vec::new() }
+    }
+
+    /// The steps as `what 0.3s, what 1.2s`; empty without steps.
+    #[must_use]
+    pub fn steps_line(&self) -> String {
+        let parts: Vec<String> =
+            self.steps.iter().map(|s| format!("{} {:.1}s", s.what, s.took.as_secs_f64())).collect();
+        parts.join(", ")
+    }
+}
+
+/// One step of exposing a volume and how long it took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExposeStep {
+    /// What was done or waited for, e.g. "backup snapshot ready".
+    pub what: &'static str,
+    /// Its wall time.
+    pub took: Duration,
+}
+
+/// Times consecutive steps: each [`StepTimer::mark`] records the time since the previous one.
+#[derive(Debug)]
+pub struct StepTimer {
+    last: std::time::Instant,
+    steps: Vec<ExposeStep>,
+}
+
+impl Default for StepTimer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StepTimer {
+    /// Starts timing now.
+    #[must_use]
+    pub fn new() -> Self {
+        Self { last: std::time::Instant::now(), steps: Vec::new() }
+    }
+
+    /// Records step `what` as ending now.
+    pub fn mark(&mut self, what: &'static str) {
+        let now = std::time::Instant::now();
+        self.steps.push(ExposeStep { what, took: now - self.last });
+        self.last = now;
+    }
+
+    /// The result: exposed on `node` with the recorded steps.
+    #[must_use]
+    pub fn exposed(self, node: String) -> Exposed {
+        Exposed { node, steps: self.steps }
+    }
 }
 
 /// Whether a volume is a file system or a raw block device.
@@ -173,5 +234,34 @@ pub struct Backends {
 impl std::fmt::Debug for Backends {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Backends").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timer_records_each_step_since_the_previous_one() {
+        let mut timer = StepTimer::new();
+        std::thread::sleep(Duration::from_millis(20));
+        timer.mark("first");
+        timer.mark("second");
+        let exposed = timer.exposed("node-a".into());
+        assert_eq!(exposed.node, "node-a");
+        let what: Vec<_> = exposed.steps.iter().map(|s| s.what).collect();
+        assert_eq!(what, ["first", "second"]);
+        assert!(exposed.steps[0].took >= Duration::from_millis(20), "{:?}", exposed.steps);
+        assert!(exposed.steps[1].took < exposed.steps[0].took, "{:?}", exposed.steps);
+        let line = Exposed {
+            node: "n".into(),
+            steps: vec![
+                ExposeStep { what: "snapshot ready", took: Duration::from_millis(240) },
+                ExposeStep { what: "pod placed", took: Duration::from_millis(1_960) },
+            ],
+        }
+        .steps_line();
+        assert_eq!(line, "snapshot ready 0.2s, pod placed 2.0s");
+        assert_eq!(Exposed::on("n".into()).steps_line(), "");
     }
 }

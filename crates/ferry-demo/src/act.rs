@@ -140,6 +140,7 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
         let bare = bare?;
         println!("  bare backup: {:.1}s", bare.as_secs_f64());
         bench.bare = Some(bare);
+        bench.timeline = crate::bench::timeline(world, &first.name).await?;
         bench.upload = Some(first.clone());
     }
 

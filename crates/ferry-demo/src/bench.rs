@@ -13,6 +13,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 
 use crate::act::{Transfer, mb};
 use crate::world::{ACCESS_KEY, BUCKET, SECRET_KEY, World};
+use ferry_testbed::VELERO_NAMESPACE;
 
 /// What `--bench` measured.
 #[derive(Debug, Clone, Default)]
@@ -23,6 +24,39 @@ pub struct Bench {
     pub bare: Option<Duration>,
     /// The first backup through its DataUpload.
     pub upload: Option<Transfer>,
+    /// The agents' Events on that DataUpload: seconds after the first one, reason, note.
+    pub timeline: Vec<(f64, String, String)>,
+}
+
+/// The Events the agents published on DataUpload `name`, oldest first, timed from the first.
+///
+/// # Errors
+/// The API server refused the list.
+pub async fn timeline(world: &World, name: &str) -> anyhow::Result<Vec<(f64, String, String)>> {
+    use ferry_api::k8s_openapi::api::events::v1::Event;
+    let events: Api<Event> = Api::namespaced(world.client()?, VELERO_NAMESPACE);
+    let selector = format!("regarding.name={name}");
+    let list = events
+        .list(&kube::api::ListParams::default().fields(&selector))
+        .await
+        .with_context(|| format!("listing the Events of DataUpload {name}"))?;
+    let mut seen: Vec<_> = list
+        .items
+        .into_iter()
+        .filter_map(|e| {
+            let at = e.event_time.as_ref()?.0;
+            Some((at, e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        })
+        .collect();
+    seen.sort_by_key(|(at, _, _)| *at);
+    let Some(first) = seen.first().map(|(at, _, _)| *at) else { return Ok(Vec::new()) };
+    Ok(seen
+        .into_iter()
+        .map(|(at, reason, note)| {
+            let after = at.duration_since(first).as_secs_f64();
+            (after, reason, note)
+        })
+        .collect())
 }
 
 /// Resident memory of process `pid` (`VmRSS` in `/proc/<pid>/status`), in bytes.
@@ -175,6 +209,12 @@ pub fn print(bench: &Bench) {
             upload.moving.as_secs_f64(),
             bare.as_secs_f64()
         );
+        if !bench.timeline.is_empty() {
+            println!("  its Events, from the first:");
+        }
+        for (after, reason, note) in &bench.timeline {
+            println!("    +{after:>5.1}s {reason:<11} {note}");
+        }
         match upload.first_progress {
             Some(p) => {
                 let verdict = if p <= Duration::from_secs(5) { "met" } else { "NOT met" };

@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ferry_agent::{ExposeParams, Exposed, ExposedVolume, Exposer, VolumeMode, WorkError};
+use ferry_agent::{
+    ExposeParams, Exposed, ExposedVolume, Exposer, StepTimer, VolumeMode, WorkError,
+};
 use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use ferry_api::keys::DATA_UPLOAD_LABEL;
 use ferry_api::{DataUpload, NodeOs, VolumeSnapshot, VolumeSnapshotContent};
@@ -175,7 +177,9 @@ impl Exposer<DataUpload> for CsiBackupExposer {
         let ns = &self.config.namespace;
         let owner = owner_of(du)?;
         let labels = Self::labels(du);
+        let mut timer = StepTimer::new();
         let snapshot = self.take_over_snapshot(du, timeout, cancel).await?;
+        timer.mark("snapshot handed over");
         let class = du.spec.csi_snapshot.as_ref().map(|c| c.snapshot_class.clone());
         let vs = objects::backup_snapshot(
             ns,
@@ -201,6 +205,7 @@ impl Exposer<DataUpload> for CsiBackupExposer {
             })
         })
         .await?;
+        timer.mark("backup snapshot ready");
         let size = snapshot.size_bytes.or(ready_size).ok_or_else(|| {
             ExposeError::Unusable(format!(
                 "the snapshot of DataUpload {name} reports no restoreSize: cannot size the backup PVC"
@@ -239,10 +244,12 @@ impl Exposer<DataUpload> for CsiBackupExposer {
             },
         )?;
         pod::ensure_holder(&self.pods(), &holder, &params.avoid_nodes, timeout, cancel).await?;
+        timer.mark("backup PVC and pod created");
         let node =
             pod::wait_placed(&self.pods(), &name, timeout, self.config.unschedulable_grace, cancel)
                 .await?;
-        Ok(Exposed { node })
+        timer.mark("pod placed");
+        Ok(timer.exposed(node))
     }
 
     async fn locate(

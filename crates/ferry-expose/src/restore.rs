@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ferry_agent::{ExposeParams, Exposed, ExposedVolume, Exposer, VolumeMode, WorkError};
+use ferry_agent::{
+    ExposeParams, Exposed, ExposedVolume, Exposer, StepTimer, VolumeMode, WorkError,
+};
 use ferry_api::k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
 };
@@ -104,6 +106,7 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
         let ns = &self.config.namespace;
         let target_name = Self::target_name(dd);
         let targets = self.targets(dd);
+        let mut timer = StepTimer::new();
         let target = until(&format!("target PVC {target_name}"), timeout, cancel, || async {
             Ok(
                 match get_opt(&targets, &dd.spec.target_volume.pvc, "reading the target PVC")
@@ -147,6 +150,7 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
         } else {
             None
         };
+        timer.mark("target PVC found");
         let requested = spec
             .resources
             .as_ref()
@@ -200,10 +204,12 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
             },
         )?;
         pod::ensure_holder(&self.pods(), &holder, &params.avoid_nodes, timeout, cancel).await?;
+        timer.mark("restore PVC and pod created");
         let placed =
             pod::wait_placed(&self.pods(), &name, timeout, self.config.unschedulable_grace, cancel)
                 .await?;
-        Ok(Exposed { node: placed })
+        timer.mark("pod placed");
+        Ok(timer.exposed(placed))
     }
 
     async fn locate(

@@ -48,6 +48,7 @@ pub(super) async fn expose<C: MoverCr>(
             .unwrap_or_default(),
     };
     let exposer = C::exposer(&ctx.backends);
+    let started = std::time::Instant::now();
     let result = tokio::select! {
         result = until_canceled(exposer.expose(&cr, &params), work) => result,
         () = tokio::time::sleep(remaining) => return fail(ctx, cr, timeout_message()).await,
@@ -74,8 +75,13 @@ pub(super) async fn expose<C: MoverCr>(
     })
     .await?;
     if let Some(prepared) = written {
-        tracing::info!(kind = C::KIND, %name, node = %exposed.node, "prepared");
-        let note = format!("volume exposed on node {}", exposed.node);
+        let took = started.elapsed().as_secs_f64();
+        let steps = exposed.steps_line();
+        tracing::info!(kind = C::KIND, %name, node = %exposed.node, took_s = took, %steps, "prepared");
+        let mut note = format!("volume exposed on node {} in {took:.1}s", exposed.node);
+        if !steps.is_empty() {
+            note = format!("{note} ({steps})");
+        }
         ctx.events.normal(&prepared, "Prepared", note).await;
     }
     Ok(())

@@ -22,6 +22,9 @@ use crate::resource::{
 use crate::update::{Updated, update_status};
 use crate::{ExposedVolume, ProgressSink};
 
+/// The first pause between looks for the exposed volume.
+const FIRST_LOCATE_PAUSE: Duration = Duration::from_millis(25);
+
 /// How a wait inside the step ended when it did not produce its value.
 enum Interrupted {
     /// The work token fired: re-evaluate.
@@ -120,6 +123,9 @@ async fn locate<C: MoverCr>(
     };
     let deadline = Instant::now() + limit.saturating_sub(waited);
     let exposer = C::exposer(&ctx.backends);
+    // A volume usually appears within a second of Prepared: look again soon at first, then
+    // back off to the configured interval.
+    let mut pause = FIRST_LOCATE_PAUSE.min(ctx.config.locate_interval);
     loop {
         let found = tokio::select! {
             found = exposer.locate(&cr, ctx.me()) => found,
@@ -152,8 +158,9 @@ async fn locate<C: MoverCr>(
         }
         tokio::select! {
             () = work.cancelled() => return Ok(Err(Interrupted::Stop)),
-            () = tokio::time::sleep(ctx.config.locate_interval) => {}
+            () = tokio::time::sleep(pause) => {}
         }
+        pause = (pause * 2).min(ctx.config.locate_interval);
     }
 }
 
@@ -212,8 +219,15 @@ async fn start<C: MoverCr>(
     })
     .await?;
     if let Some(started) = &written {
+        let mut note = format!("moving data on node {me}");
+        if let Some(prepared) =
+            annotation(started, annotations::PREPARED_AT).and_then(parse_timestamp)
+        {
+            let waited = elapsed_since(prepared).as_secs_f64();
+            note = format!("{note} ({waited:.1}s after Prepared: volume found, slot taken)");
+        }
         tracing::info!(kind = C::KIND, %name, node = %me, "in progress");
-        ctx.events.normal(started, "InProgress", format!("moving data on node {me}")).await;
+        ctx.events.normal(started, "InProgress", note).await;
     }
     Ok(written)
 }

@@ -166,7 +166,7 @@ impl Sim {
             ExposeMode::Instant => {
                 let node = self.place(cr, &params.node);
                 self.state().exposed.insert(cr.to_owned(), node.clone());
-                Ok(Exposed { node })
+                Ok(Exposed::on(node))
             }
             ExposeMode::Hang => {
                 params.cancel.cancelled().await;

@@ -53,6 +53,15 @@ async fn a_volume_backed_up_by_data_upload_is_restored_by_data_download() -> Tes
     for part in ["MB/s", "read ", "skipped 0 B", "uploaded "] {
         assert!(note.contains(part), "Completed note without {part:?}: {note}");
     }
+    // The Prepared and InProgress events say where exposing the volume spent its time.
+    let note = world.event_note(&name, "Prepared").await?;
+    for part in
+        ["volume exposed on node", "snapshot handed over ", "backup snapshot ready ", "pod placed "]
+    {
+        assert!(note.contains(part), "Prepared note without {part:?}: {note}");
+    }
+    let note = world.event_note(&name, "InProgress").await?;
+    assert!(note.contains("s after Prepared"), "InProgress note: {note}");
     // Everything the exposer made is gone, and so is the source snapshot it took over.
     let velero = |c| -> (Api<Pod>, Api<PersistentVolumeClaim>, Api<VolumeSnapshot>) {
         (
