@@ -33,6 +33,8 @@ pub struct Options {
     pub files: usize,
     /// Also measure the node agent's targets ([`crate::bench`]).
     pub bench: bool,
+    /// A MinIO binary to use as the S3 server instead of moto.
+    pub minio: Option<std::path::PathBuf>,
 }
 
 /// One finished transfer, for the summary.
@@ -90,8 +92,9 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
     let cp = world.start_control_plane().await?;
     println!("  API server at {}", cp.url());
 
-    steps.say("An S3 server (moto) with a bucket for backups");
-    let s3 = world.start_s3()?;
+    let server = if opts.minio.is_some() { "MinIO" } else { "moto" };
+    steps.say(&format!("An S3 server ({server}) with a bucket for backups"));
+    let s3 = world.start_s3(opts.minio.as_deref())?;
     println!("  S3 at {}, bucket {}", s3.endpoint(), crate::world::BUCKET);
 
     steps.say("Three simulated nodes: kubelet, scheduler, CSI driver with loop devices and ext4");
@@ -127,6 +130,12 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
     sim.write_files(&ns, PVC, &tree).await.context("writing the data set")?;
     let (files, bytes) = dataset::count(&tree);
     println!("  namespace {ns}: {files} files, {} written ({size} volume)", mb(bytes));
+    if opts.bench {
+        // The data set was written moments ago: its write-back to disk would compete with the
+        // first backup's reads (the bare backup's turn comes on a quiet disk).
+        println!("  (bench) writing the data set back to disk before the backup");
+        tokio::task::spawn_blocking(nix::unistd::sync).await?;
+    }
 
     steps.say("Backup: a VolumeSnapshot and a DataUpload, as Velero's CSI plugin makes them");
     let first = backup(world, "nightly-1", "orders-snap-1").await?;
@@ -135,11 +144,18 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
     if let Some(bench) = report.bench.as_mut() {
         println!("  (bench) the same volume with a bare `ferry backup` into a new repository");
         let (path, reader) = crate::bench::volume_for_bare_backup(world, &ns, PVC).await?;
-        let bare = crate::bench::bare_backup(world, &opts.ferry, &path).await;
+        let bare = crate::bench::bare_backup(world, &opts.ferry, &path, "source").await;
         crate::bench::remove_reader(world, &ns, &reader).await?;
         let bare = bare?;
         println!("  bare backup: {:.1}s", bare.as_secs_f64());
         bench.bare = Some(bare);
+        println!("  (bench) and of a fresh snapshot copy of it, as a DataUpload sees its volume");
+        let (path, made) = crate::bench::fresh_copy_for_bare_backup(world, &ns, PVC, &size).await?;
+        let fresh = crate::bench::bare_backup(world, &opts.ferry, &path, "copy").await;
+        crate::bench::remove_fresh_copy(world, &ns, &made).await?;
+        let fresh = fresh?;
+        println!("  bare backup of the copy: {:.1}s", fresh.as_secs_f64());
+        bench.bare_fresh = Some(fresh);
         bench.timeline = crate::bench::timeline(world, &first.name).await?;
         bench.upload = Some(first.clone());
     }

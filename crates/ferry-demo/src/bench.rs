@@ -22,6 +22,8 @@ pub struct Bench {
     pub idle_rss: Vec<(String, u64)>,
     /// The bare `ferry backup` of the first backup's data.
     pub bare: Option<Duration>,
+    /// The same, of a fresh snapshot copy of the volume (as a DataUpload reads it).
+    pub bare_fresh: Option<Duration>,
     /// The first backup through its DataUpload.
     pub upload: Option<Transfer>,
     /// The agents' Events on that DataUpload: seconds after the first one, reason, note.
@@ -107,16 +109,70 @@ pub async fn volume_for_bare_backup(
     Ok((path, name))
 }
 
-/// `ferry repo init` and `ferry backup` of the files at `data` into a new repository on the
-/// demo's S3 server; returns the backup's wall time.
+/// A fresh copy of claim `pvc` of `namespace`, the way a DataUpload sees its volume: a
+/// VolumeSnapshot of it, a new claim from that snapshot (the simulated driver copies the image
+/// just before), mounted by a reader pod and left in the page cache as the copy left it.
+/// Returns the mount path and the names to delete after ([`remove_fresh_copy`]).
+///
+/// # Errors
+/// The snapshot, claim or pod did not become ready.
+pub async fn fresh_copy_for_bare_backup(
+    world: &World,
+    namespace: &str,
+    pvc: &str,
+    size: &str,
+) -> anyhow::Result<(PathBuf, [String; 3])> {
+    let sim = world.sim()?;
+    let names = ["bench-snap", "bench-copy", "bench-copy-reader"].map(String::from);
+    let [snap, copy, reader] = &names;
+    sim.snapshot_pvc(namespace, pvc, snap).await?;
+    sim.wait_snapshot_ready(namespace, snap, Duration::from_secs(120)).await?;
+    let binding = ferry_sim::Binding::Immediate;
+    sim.create_pvc_from_snapshot(namespace, copy, snap, size, VolumeMode::Filesystem, binding)
+        .await?;
+    sim.wait_pvc_bound(namespace, copy, Duration::from_secs(120)).await?;
+    let pod = ferry_sim::pod_object(reader, copy, VolumeMode::Filesystem)?;
+    let pods: Api<Pod> = Api::namespaced(world.client()?, namespace);
+    pods.create(&PostParams::default(), &pod).await.context("creating the reader pod")?;
+    let pod = sim.wait_pod_running(namespace, reader, Duration::from_secs(120)).await?;
+    let path = sim.pod_claim_path(&pod, copy).await?;
+    Ok((path, names))
+}
+
+/// Deletes what [`fresh_copy_for_bare_backup`] made.
+///
+/// # Errors
+/// The API server refused.
+pub async fn remove_fresh_copy(
+    world: &World,
+    namespace: &str,
+    names: &[String; 3],
+) -> anyhow::Result<()> {
+    use ferry_api::VolumeSnapshot;
+    let [snap, copy, reader] = names;
+    let client = world.client()?;
+    let dp = DeleteParams::default();
+    Api::<Pod>::namespaced(client.clone(), namespace).delete(reader, &dp).await?;
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace).delete(copy, &dp).await?;
+    Api::<VolumeSnapshot>::namespaced(client, namespace).delete(snap, &dp).await?;
+    Ok(())
+}
+
+/// `ferry repo init` and `ferry backup` of the files at `data` into a new repository (named
+/// with `label`) on the demo's S3 server; returns the backup's wall time.
 ///
 /// # Errors
 /// Either command failed.
-pub async fn bare_backup(world: &World, ferry: &Path, data: &Path) -> anyhow::Result<Duration> {
+pub async fn bare_backup(
+    world: &World,
+    ferry: &Path,
+    data: &Path,
+    label: &str,
+) -> anyhow::Result<Duration> {
     let dir = tempfile::Builder::new().prefix("ferry-demo-bare-").tempdir()?;
     let password = dir.path().join("password");
     std::fs::write(&password, "ferry-demo-bench")?;
-    let repo = format!("s3://{BUCKET}/bench/bare-{}", std::process::id());
+    let repo = format!("s3://{BUCKET}/bench/bare-{}-{label}", std::process::id());
     let endpoint = world.s3()?.endpoint().to_owned();
     let run = |args: Vec<std::ffi::OsString>| {
         let mut cmd = tokio::process::Command::new(ferry);
@@ -214,6 +270,15 @@ pub fn print(bench: &Bench) {
         }
         for (after, reason, note) in &bench.timeline {
             println!("    +{after:>5.1}s {reason:<11} {note}");
+        }
+        if let Some(fresh) = bench.bare_fresh {
+            let ratio = upload.elapsed.as_secs_f64() / fresh.as_secs_f64().max(0.001);
+            println!(
+                "  bare `ferry backup` of a fresh snapshot copy of the volume {:.1}s: {ratio:.2}x; \
+                 moving alone {:.2}x",
+                fresh.as_secs_f64(),
+                upload.moving.as_secs_f64() / fresh.as_secs_f64().max(0.001)
+            );
         }
         match upload.first_progress {
             Some(p) => {

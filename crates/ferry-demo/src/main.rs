@@ -42,6 +42,10 @@ struct Args {
     /// `ferry backup` of the same data, how soon progress shows.
     #[arg(long)]
     bench: bool,
+    /// Use MinIO (this `minio` binary) as the S3 server instead of moto, whose single Python
+    /// thread otherwise limits how fast any upload can go.
+    #[arg(long, value_name = "BIN")]
+    minio: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -59,6 +63,7 @@ fn main() -> ExitCode {
         size_mib: args.size,
         files: usize::try_from(args.files).unwrap_or(usize::MAX),
         bench: args.bench,
+        minio: args.minio,
     };
     let runtime =
         match tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build() {

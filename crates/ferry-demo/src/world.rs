@@ -69,8 +69,23 @@ impl World {
         Ok(self.cp.insert(cp))
     }
 
-    pub fn start_s3(&mut self) -> anyhow::Result<&S3Server> {
-        let s3 = S3Server::start().context("starting moto")?;
+    /// Starts moto, or MinIO from binary `minio`, with the demo's bucket.
+    pub fn start_s3(&mut self, minio: Option<&Path>) -> anyhow::Result<&S3Server> {
+        let s3 = match minio {
+            Some(bin) => {
+                // The S3 server stands for a remote object store: its objects go to memory
+                // where there is a tmpfs, not to the disk the simulated volumes are on.
+                let shm = Path::new("/dev/shm");
+                let parent = if shm.is_dir() { shm.to_owned() } else { std::env::temp_dir() };
+                S3Server::start_minio(bin, &parent, ACCESS_KEY, SECRET_KEY)
+                    .with_context(|| format!("starting MinIO ({})", bin.display()))?
+            }
+            None => S3Server::start().context("starting moto")?,
+        };
+        if let Some(dir) = s3.data_dir() {
+            // If the demo is killed outright, MinIO's files still go once it is gone.
+            process::remove_on_exit(dir)?;
+        }
         s3.create_bucket(BUCKET)?;
         Ok(self.s3.insert(s3))
     }

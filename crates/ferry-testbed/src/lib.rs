@@ -4,7 +4,7 @@
 //!   `~/.cache/ferry`), with Velero's and the CSI snapshotter's real CRDs from the shared
 //!   fixtures installed and the `velero` namespace created. [`ControlPlane::shared`] starts one
 //!   per test binary; tests isolate themselves with [`ControlPlane::unique_namespace`].
-//! - [`S3Server`]: moto's S3 server on a free port.
+//! - [`S3Server`]: moto's S3 server (or MinIO, for benchmarks) on a free port.
 //!
 //! Every process is started through [`process::spawn`], so it dies with the test binary even
 //! when a test panics or the binary is killed.

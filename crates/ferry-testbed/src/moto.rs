@@ -1,4 +1,5 @@
-//! moto's S3 server, a real S3 implementation over HTTP, on loopback.
+//! A real S3 server over HTTP on loopback: moto (tests), or MinIO (benchmarks, where moto's
+//! single Python thread would be the bottleneck).
 
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -15,7 +16,10 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub struct S3Server {
     endpoint: String,
+    /// Declared before `data`: the server stops before its folder goes.
     server: Guarded,
+    /// MinIO's data folder (a bucket is a folder in it); `None` for moto.
+    data: Option<tempfile::TempDir>,
 }
 
 impl S3Server {
@@ -36,7 +40,7 @@ impl S3Server {
                 .stderr(Stdio::null());
             let server = process::spawn("moto_server", cmd)
                 .with_context(|| format!("starting {program} (pip install 'moto[server]')"))?;
-            let mut s3 = Self { endpoint: format!("http://127.0.0.1:{port}"), server };
+            let mut s3 = Self { endpoint: format!("http://127.0.0.1:{port}"), server, data: None };
             match s3.wait_ready(port) {
                 Ok(()) => return Ok(s3),
                 Err(e) => last = Some(e),
@@ -58,17 +62,51 @@ impl S3Server {
         }
     }
 
+    /// Starts MinIO (`program`, a `minio` binary) on a fresh data folder inside `parent` with
+    /// root user `access_key` (at least 3 characters) and password `secret_key` (at least 8),
+    /// and waits until it answers. For benchmarks: unlike moto it keeps up with a data mover.
+    ///
+    /// # Errors
+    /// The program cannot start, exits, or does not answer within 30 s.
+    pub fn start_minio(
+        program: &std::path::Path,
+        parent: &std::path::Path,
+        access_key: &str,
+        secret_key: &str,
+    ) -> anyhow::Result<Self> {
+        let data = tempfile::Builder::new().prefix("ferry-minio-").tempdir_in(parent)?;
+        let port = process::free_port()?;
+        let console = process::free_port()?;
+        let mut cmd = Command::new(program);
+        cmd.args(["server", "--quiet", "--address", &format!("127.0.0.1:{port}")])
+            .args(["--console-address", &format!("127.0.0.1:{console}")])
+            .arg(data.path())
+            .env("MINIO_ROOT_USER", access_key)
+            .env("MINIO_ROOT_PASSWORD", secret_key)
+            .env("MINIO_BROWSER", "off")
+            .env("MINIO_UPDATE", "off")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let server = process::spawn("minio", cmd)
+            .with_context(|| format!("starting {}", program.display()))?;
+        let mut s3 =
+            Self { endpoint: format!("http://127.0.0.1:{port}"), server, data: Some(data) };
+        s3.wait_ready(port)?;
+        Ok(s3)
+    }
+
     fn wait_ready(&mut self, port: u16) -> anyhow::Result<()> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if !self.server.is_running() {
-                bail!("moto_server exited during start (port {port} taken?)");
+                bail!("the S3 server exited during start (port {port} taken?)");
             }
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("moto_server not answering on port {port} after {READY_TIMEOUT:?}");
+                bail!("the S3 server is not answering on port {port} after {READY_TIMEOUT:?}");
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -80,12 +118,19 @@ impl S3Server {
         &self.endpoint
     }
 
-    /// Creates bucket `name` with a path-style `PUT /<name>` (moto needs no signature).
+    /// Creates bucket `name`: with a path-style `PUT /<name>` on moto (which needs no
+    /// signature), as a folder of the data folder on MinIO (which lists its top-level folders
+    /// as buckets).
     ///
     /// # Errors
     /// The server cannot be reached or refuses.
     pub fn create_bucket(&self, name: &str) -> anyhow::Result<()> {
         use std::io::{Read, Write};
+        if let Some(data) = &self.data {
+            let dir = data.path().join(name);
+            return std::fs::create_dir(&dir)
+                .with_context(|| format!("creating bucket folder {}", dir.display()));
+        }
         let addr = self.endpoint().trim_start_matches("http://");
         let mut stream = std::net::TcpStream::connect(addr)
             .with_context(|| format!("connecting to moto at {addr}"))?;
@@ -97,6 +142,12 @@ impl S3Server {
         stream.read_to_string(&mut response)?;
         anyhow::ensure!(response.starts_with("HTTP/1.1 200"), "creating bucket {name}: {response}");
         Ok(())
+    }
+
+    /// MinIO's data folder (`None` for moto).
+    #[must_use]
+    pub fn data_dir(&self) -> Option<&std::path::Path> {
+        self.data.as_ref().map(tempfile::TempDir::path)
     }
 
     /// The server's PID.
