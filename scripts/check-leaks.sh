@@ -6,7 +6,7 @@ set -euo pipefail
 tmp="${TMPDIR:-/tmp}"
 for _ in $(seq 1 15); do
   procs="$(pgrep -a -x 'etcd|kube-apiserver|moto_server' || true)"
-  dirs="$(find "$tmp" -maxdepth 1 \( -name 'ferry-testbed-*' -o -name 'ferry-sim-*' \) 2>/dev/null || true)"
+  dirs="$(find "$tmp" -maxdepth 1 \( -name 'ferry-testbed-*' -o -name 'ferry-sim-*' -o -name 'ferry-plugin-*' \) 2>/dev/null || true)"
   loops="$(losetup -n -l -O NAME,BACK-FILE 2>/dev/null | grep -F "$tmp/ferry-sim-" || true)"
   mounts="$(awk '{print $5}' /proc/self/mountinfo | grep -F "$tmp/ferry-sim-" || true)"
   janitors="$(pgrep -a -f 'ferry-sim-janitor' || true)"

@@ -39,6 +39,9 @@ async fn launch(path: &Path, world: &World) -> Result<PluginProcess, ferry_host:
         ("KUBECONFIG", ControlPlane::shared().kubeconfig().display().to_string()),
         ("VELERO_NAMESPACE", VELERO_NAMESPACE.to_owned()),
         ("FERRY_DATA_MOVER", world.mover.clone()),
+        // The socket's folder in the test's own folder: a plugin killed like a crash cannot
+        // remove it, and the test's folder goes with the test.
+        ("PLUGIN_UNIX_SOCKET_DIR", world.logs.path().display().to_string()),
     ];
     let options = LaunchOptions {
         env: env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
