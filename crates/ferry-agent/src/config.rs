@@ -38,7 +38,8 @@ pub struct AgentConfig {
     /// How often the controllers look again at CRs that are not finished, to notice expired
     /// leases and timeouts even when nothing on the CR changes.
     pub recheck_interval: Duration,
-    /// How often an exposed volume is looked for on this node while it is not there yet.
+    /// The longest pause between looks for an exposed volume on this node while it is not
+    /// there yet (the first look again comes after 25 ms, pauses doubling up to this).
     pub locate_interval: Duration,
     /// How many times a node may take over a CR from nodes that stopped; one more lost node
     /// fails the CR instead, so a CR cannot bounce between dying nodes forever.
