@@ -96,11 +96,7 @@ pub async fn volume_for_bare_backup(
 ) -> anyhow::Result<(PathBuf, String)> {
     let sim = world.sim()?;
     let name = "bench-bare-reader".to_owned();
-    let pod = ferry_sim::pod_object(&name, pvc, VolumeMode::Filesystem)?;
-    let pods: Api<Pod> = Api::namespaced(world.client()?, namespace);
-    pods.create(&PostParams::default(), &pod).await.context("creating the reader pod")?;
-    let pod = sim.wait_pod_running(namespace, &name, Duration::from_secs(120)).await?;
-    let path = sim.pod_claim_path(&pod, pvc).await?;
+    let path = mount_in_reader(world, namespace, &name, pvc).await?;
     evict_from_page_cache(&path).context("dropping the volume's files from the page cache")?;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(world.client()?, namespace);
     let pv = claims.get(pvc).await?.spec.and_then(|s| s.volume_name).unwrap_or_default();
@@ -131,12 +127,23 @@ pub async fn fresh_copy_for_bare_backup(
     sim.create_pvc_from_snapshot(namespace, copy, snap, size, VolumeMode::Filesystem, binding)
         .await?;
     sim.wait_pvc_bound(namespace, copy, Duration::from_secs(120)).await?;
-    let pod = ferry_sim::pod_object(reader, copy, VolumeMode::Filesystem)?;
+    let path = mount_in_reader(world, namespace, reader, copy).await?;
+    Ok((path, names))
+}
+
+/// Starts pod `reader` mounting claim `pvc` and returns where the claim's files are.
+async fn mount_in_reader(
+    world: &World,
+    namespace: &str,
+    reader: &str,
+    pvc: &str,
+) -> anyhow::Result<PathBuf> {
+    let sim = world.sim()?;
+    let pod = ferry_sim::pod_object(reader, pvc, VolumeMode::Filesystem)?;
     let pods: Api<Pod> = Api::namespaced(world.client()?, namespace);
     pods.create(&PostParams::default(), &pod).await.context("creating the reader pod")?;
     let pod = sim.wait_pod_running(namespace, reader, Duration::from_secs(120)).await?;
-    let path = sim.pod_claim_path(&pod, copy).await?;
-    Ok((path, names))
+    Ok(sim.pod_claim_path(&pod, pvc).await?)
 }
 
 /// Deletes what [`fresh_copy_for_bare_backup`] made.
@@ -150,9 +157,9 @@ pub async fn remove_fresh_copy(
 ) -> anyhow::Result<()> {
     use ferry_api::VolumeSnapshot;
     let [snap, copy, reader] = names;
+    remove_reader(world, namespace, reader).await?;
     let client = world.client()?;
     let dp = DeleteParams::default();
-    Api::<Pod>::namespaced(client.clone(), namespace).delete(reader, &dp).await?;
     Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace).delete(copy, &dp).await?;
     Api::<VolumeSnapshot>::namespaced(client, namespace).delete(snap, &dp).await?;
     Ok(())
