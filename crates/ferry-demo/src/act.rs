@@ -35,6 +35,9 @@ pub struct Options {
     pub bench: bool,
     /// A MinIO binary to use as the S3 server instead of moto.
     pub minio: Option<std::path::PathBuf>,
+    /// Where the simulated nodes keep their volumes, snapshots and mounts (default: the temp
+    /// folder).
+    pub sim_dir: Option<std::path::PathBuf>,
 }
 
 /// One finished transfer, for the summary.
@@ -98,7 +101,7 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
     println!("  S3 at {}, bucket {}", s3.endpoint(), crate::world::BUCKET);
 
     steps.say("Three simulated nodes: kubelet, scheduler, CSI driver with loop devices and ext4");
-    let sim = world.start_sim().await?;
+    let sim = world.start_sim(opts.sim_dir.as_deref()).await?;
     println!(
         "  nodes {}, storage class {}",
         sim.nodes().join(", "),

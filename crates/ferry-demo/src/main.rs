@@ -46,6 +46,12 @@ struct Args {
     /// thread otherwise limits how fast any upload can go.
     #[arg(long, value_name = "BIN")]
     minio: Option<PathBuf>,
+    /// Keep the simulated nodes' volumes, snapshots and mounts in this folder (default: the
+    /// temp folder). On a file system with reflinks (XFS, btrfs) the simulated CSI driver
+    /// clones a snapshot into a new volume copy-on-write, as real CSI drivers do, instead of
+    /// copying it.
+    #[arg(long, value_name = "DIR")]
+    sim_dir: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -64,6 +70,7 @@ fn main() -> ExitCode {
         files: usize::try_from(args.files).unwrap_or(usize::MAX),
         bench: args.bench,
         minio: args.minio,
+        sim_dir: args.sim_dir,
     };
     let runtime =
         match tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build() {

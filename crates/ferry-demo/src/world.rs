@@ -90,13 +90,15 @@ impl World {
         Ok(self.s3.insert(s3))
     }
 
-    pub async fn start_sim(&mut self) -> anyhow::Result<&NodeSim> {
+    /// Starts the node simulator, keeping its files in `dir` (default: the temp folder).
+    pub async fn start_sim(&mut self, dir: Option<&Path>) -> anyhow::Result<&NodeSim> {
         let namespace = self.cp()?.unique_namespace("shop").await?;
         self.namespace = namespace;
         let cp = self.cp()?;
         let config = SimConfig {
             namespaces: vec![self.namespace.clone()],
             nodes: ["node-a", "node-b", "node-c"].map(String::from).to_vec(),
+            parent_dir: dir.map_or_else(std::env::temp_dir, Path::to_path_buf),
             ..SimConfig::default()
         };
         let sim = NodeSim::start(cp.client()?, config).await.context("starting the simulator")?;
