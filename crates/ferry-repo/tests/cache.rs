@@ -8,67 +8,31 @@ mod common;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use common::TestResult;
 use ferry_repo::{CacheOptions, Repository};
-use ferry_store::{ObjectKey, ObjectMeta, ObjectStore, PutOutcome, StoreResult};
+use ferry_store::{Call, Hook, Hooked, ObjectStore};
 use tokio_util::sync::CancellationToken;
 
-/// Records the keys of whole-object reads.
-#[derive(Debug)]
-struct Counting {
-    inner: Arc<dyn ObjectStore>,
-    gets: Mutex<Vec<String>>,
-}
+/// Records the keys of whole-object reads (a hook for [`Hooked`]).
+#[derive(Debug, Default)]
+struct Gets(Mutex<Vec<String>>);
 
-impl Counting {
+impl Gets {
     fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.gets.lock().unwrap())
+        std::mem::take(&mut *self.0.lock().unwrap())
     }
 }
 
 #[async_trait::async_trait]
-impl ObjectStore for Counting {
-    async fn put_if_absent(
-        &self,
-        key: &ObjectKey,
-        data: Bytes,
-        cancel: &CancellationToken,
-    ) -> StoreResult<PutOutcome> {
-        self.inner.put_if_absent(key, data, cancel).await
-    }
-
-    async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes> {
-        self.gets.lock().unwrap().push(key.to_string());
-        self.inner.get(key, cancel).await
-    }
-
-    async fn get_range(
-        &self,
-        key: &ObjectKey,
-        offset: u64,
-        len: u64,
-        cancel: &CancellationToken,
-    ) -> StoreResult<Bytes> {
-        self.inner.get_range(key, offset, len, cancel).await
-    }
-
-    async fn head(
-        &self,
-        key: &ObjectKey,
-        cancel: &CancellationToken,
-    ) -> StoreResult<Option<ObjectMeta>> {
-        self.inner.head(key, cancel).await
-    }
-
-    async fn list(&self, prefix: &str, cancel: &CancellationToken) -> StoreResult<Vec<ObjectMeta>> {
-        self.inner.list(prefix, cancel).await
-    }
-
-    async fn delete(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<()> {
-        self.inner.delete(key, cancel).await
+impl Hook for Gets {
+    async fn before(&self, call: Call<'_>) {
+        if let Call::Get(key) = call {
+            self.0.lock().unwrap().push(key.to_string());
+        }
     }
 }
+
+type Counting = Hooked<Gets>;
 
 /// Reads from the store that a warm cache would have served.
 fn cacheable(gets: &[String]) -> Vec<&String> {
@@ -115,7 +79,7 @@ async fn restore_and_compare(repo: &Repository, id: &ferry_repo::SnapshotId, src
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn later_handles_read_metadata_from_the_cache_which_may_vanish_or_rot() -> TestResult {
     let inner = common::s3_store("ferry-cache", "warm").await;
-    let store = Arc::new(Counting { inner, gets: Mutex::new(Vec::new()) });
+    let store = Arc::new(Hooked::new(inner, Gets::default()));
     let cancel = CancellationToken::new();
     let dyn_store: Arc<dyn ObjectStore> = store.clone();
     Repository::init(dyn_store, b"secret", &common::options(), &cancel).await?;
@@ -137,14 +101,14 @@ async fn later_handles_read_metadata_from_the_cache_which_may_vanish_or_rot() ->
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    store.take();
+    store.hook().take();
 
     // Another handle (another process, in effect) lists and restores without reading any
     // index file, snapshot or tree pack from S3.
     let reader = open(&store, &cache).await;
     assert_eq!(reader.snapshots(&cancel).await?.len(), 1);
     restore_and_compare(&reader, &first.snapshot_id, src.path()).await;
-    let gets = store.take();
+    let gets = store.hook().take();
     assert!(cacheable(&gets).is_empty(), "read from S3 although cached: {:?}", cacheable(&gets));
     let held: u64 = files_under(&cache.dir).iter().map(|f| f.1).sum();
     assert!(held > 0 && held <= cache.max_bytes, "cache holds {held} bytes");
@@ -153,7 +117,7 @@ async fn later_handles_read_metadata_from_the_cache_which_may_vanish_or_rot() ->
     std::fs::remove_dir_all(&cache.dir)?;
     let refill = open(&store, &cache).await;
     restore_and_compare(&refill, &first.snapshot_id, src.path()).await;
-    let gets = store.take();
+    let gets = store.hook().take();
     assert!(gets.iter().any(|k| k.starts_with("index/")), "{gets:?}");
     assert!(gets.iter().any(|k| k.starts_with("snapshots/")), "{gets:?}");
     for _ in 0..100 {
@@ -174,7 +138,7 @@ async fn later_handles_read_metadata_from_the_cache_which_may_vanish_or_rot() ->
     }
     let damaged = open(&store, &cache).await;
     restore_and_compare(&damaged, &first.snapshot_id, src.path()).await;
-    let gets = store.take();
+    let gets = store.hook().take();
     assert!(gets.iter().any(|k| k.starts_with("index/")), "{gets:?}");
     Ok(())
 }

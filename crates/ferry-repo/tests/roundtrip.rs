@@ -176,12 +176,12 @@ async fn an_interrupted_backup_leaves_indexed_data_the_next_one_reuses() -> Test
     std::fs::write(src.path().join("big"), noise(160 << 20, 11))?;
     // Interrupt after the 12th pack (about 48 MiB of 160) is stored, however fast the machine.
     let cancel = CancellationToken::new();
-    let store = Arc::new(common::CancelAfterPacks {
-        inner: Arc::new(ferry_store::MemoryStore::new()),
+    let hook = common::CancelAfterPacks {
         after: 12,
         written: std::sync::atomic::AtomicUsize::new(0),
         cancel: cancel.clone(),
-    });
+    };
+    let store = Arc::new(ferry_store::Hooked::new(Arc::new(ferry_store::MemoryStore::new()), hook));
     let repo = ferry_repo::Repository::init(store, b"secret", &common::options(), &cancel).await?.0;
     let options = BackupOptions { compression_level: 1, ..BackupOptions::default() };
     let r = backup_tree(&repo, src.path(), &options, None, &cancel).await;

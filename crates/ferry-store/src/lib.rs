@@ -11,6 +11,7 @@
 //! - [`MemoryStore`]: in memory, for unit tests of the crates above this one.
 //!
 //! [`FaultyStore`] wraps any store and injects failures and latency for reliability tests.
+//! [`Hooked`] forwards to any store and lets a test watch or hold its calls.
 //! [`AnyStore`] holds any of them (backends are chosen by an enum, not `dyn`), and
 //! [`StoreUrl`] parses `file:///path` and `s3://bucket/prefix` locations.
 //!
@@ -43,6 +44,7 @@ mod cancel;
 mod error;
 mod faulty;
 mod fs;
+mod hooked;
 mod key;
 mod memory;
 #[cfg(feature = "s3")]
@@ -53,6 +55,7 @@ pub use any::AnyStore;
 pub use error::{StoreError, StoreResult};
 pub use faulty::{FaultConfig, FaultyStore};
 pub use fs::FsStore;
+pub use hooked::{Call, Hook, Hooked};
 pub use key::{InvalidKey, ObjectKey};
 pub use memory::MemoryStore;
 #[cfg(feature = "s3")]

@@ -300,74 +300,24 @@ pub fn assert_same_tree(a: &Path, b: &Path) {
     }
 }
 
-/// A store that cancels a token once `after` pack files (`data/…`) have been written: a
-/// deterministic interruption point, whatever the machine's speed.
+/// Cancels a token once `after` pack files (`data/…`) have been written (a hook for
+/// [`ferry_store::Hooked`]): a deterministic interruption point, whatever the machine's speed.
 #[derive(Debug)]
 pub struct CancelAfterPacks {
-    pub inner: Arc<dyn ObjectStore>,
     pub after: usize,
     pub written: std::sync::atomic::AtomicUsize,
     pub cancel: CancellationToken,
 }
 
 #[async_trait::async_trait]
-impl ObjectStore for CancelAfterPacks {
-    async fn put_if_absent(
-        &self,
-        key: &ferry_store::ObjectKey,
-        data: bytes::Bytes,
-        cancel: &CancellationToken,
-    ) -> ferry_store::StoreResult<ferry_store::PutOutcome> {
-        let out = self.inner.put_if_absent(key, data, cancel).await?;
-        if key.as_str().starts_with("data/") {
+impl ferry_store::Hook for CancelAfterPacks {
+    fn after(&self, call: ferry_store::Call<'_>, ok: bool) {
+        if ok && matches!(call, ferry_store::Call::Put(key) if key.as_str().starts_with("data/")) {
             let n = self.written.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
             if n >= self.after {
                 self.cancel.cancel();
             }
         }
-        Ok(out)
-    }
-
-    async fn get(
-        &self,
-        key: &ferry_store::ObjectKey,
-        cancel: &CancellationToken,
-    ) -> ferry_store::StoreResult<bytes::Bytes> {
-        self.inner.get(key, cancel).await
-    }
-
-    async fn get_range(
-        &self,
-        key: &ferry_store::ObjectKey,
-        offset: u64,
-        len: u64,
-        cancel: &CancellationToken,
-    ) -> ferry_store::StoreResult<bytes::Bytes> {
-        self.inner.get_range(key, offset, len, cancel).await
-    }
-
-    async fn head(
-        &self,
-        key: &ferry_store::ObjectKey,
-        cancel: &CancellationToken,
-    ) -> ferry_store::StoreResult<Option<ferry_store::ObjectMeta>> {
-        self.inner.head(key, cancel).await
-    }
-
-    async fn list(
-        &self,
-        prefix: &str,
-        cancel: &CancellationToken,
-    ) -> ferry_store::StoreResult<Vec<ferry_store::ObjectMeta>> {
-        self.inner.list(prefix, cancel).await
-    }
-
-    async fn delete(
-        &self,
-        key: &ferry_store::ObjectKey,
-        cancel: &CancellationToken,
-    ) -> ferry_store::StoreResult<()> {
-        self.inner.delete(key, cancel).await
     }
 }
 

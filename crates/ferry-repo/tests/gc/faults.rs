@@ -66,18 +66,18 @@ async fn gc_cancelled_at_every_store_call_leaves_a_sound_repository() {
     let src = sources();
     // How many store calls opening and a whole run make.
     let (mem, _) = scenario(&src).await;
-    let probe = CancelAt::new(mem.clone(), u64::MAX);
+    let probe = CancelAt::store(mem.clone(), u64::MAX);
     let repo = open(probe.clone()).await;
-    let opened = probe.calls();
+    let opened = probe.hook().calls();
     gc(&repo, &gc_opts(), &CancellationToken::new()).await.unwrap();
-    let total = probe.calls() - opened;
+    let total = probe.hook().calls() - opened;
     assert!(total > 20, "a run makes {total} calls");
     let mut stopped = 0;
     for k in 1..=total {
         let (mem, sb) = scenario(&src).await;
-        let cut = CancelAt::new(mem.clone(), opened + k);
+        let cut = CancelAt::store(mem.clone(), opened + k);
         let repo = open(cut.clone()).await;
-        if gc(&repo, &gc_opts(), &cut.token).await.is_err() {
+        if gc(&repo, &gc_opts(), &cut.hook().token).await.is_err() {
             stopped += 1;
         }
         recover_and_verify(mem, &sb, &src, &format!("cancelled at call {k}")).await;

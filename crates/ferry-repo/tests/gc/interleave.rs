@@ -28,13 +28,13 @@ async fn a_backup_running_across_gc_keeps_every_chunk_it_needs() {
     forget(&repo, &[sa.snapshot_id], &CancellationToken::new()).await.unwrap();
 
     // W1: backs up the same data, dedups everything, and stops at its snapshot write.
-    let gate = GateStore::new(Arc::clone(&store), "snapshots/");
+    let gate = Gate::store(Arc::clone(&store), "snapshots/");
     let gated = open(gate.clone()).await;
     let w1 = {
         let (gated, a) = (gated.clone(), a.clone());
         tokio::spawn(async move { backup(&gated, &a).await })
     };
-    gate.wait_arrivals(1).await;
+    gate.hook().wait_arrivals(1).await;
 
     let options = gc_options();
     let cancel = CancellationToken::new();
@@ -55,7 +55,7 @@ async fn a_backup_running_across_gc_keeps_every_chunk_it_needs() {
         SweepReport::Waiting { writers: 1 }
     );
 
-    gate.open();
+    gate.hook().open();
     let w1 = w1.await.unwrap();
     assert_eq!(w1.bytes_new, 0, "W1 loaded the index before the mark and reused everything");
     let swept = gc_sweep(&repo, &options, &cancel).await.unwrap();

@@ -7,13 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use ferry_repo::gc::{GcOptions, GcReport};
 use ferry_repo::{
     BackupOptions, CheckOptions, InitOptions, KdfParams, RepoError, Repository, RestoreOptions,
     SnapshotId, backup_tree, check, restore,
 };
-use ferry_store::{ObjectKey, ObjectMeta, ObjectStore, PutOutcome, StoreResult};
+use ferry_store::{Call, Hook, Hooked, ObjectStore};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -122,23 +121,23 @@ pub async fn gc_until_done(repo: &Repository, options: &GcOptions) -> GcReport {
     panic!("gc lock never freed");
 }
 
-/// A store that holds `put_if_absent` of keys under a prefix until the gate opens.
+/// Holds `put_if_absent` of keys under a prefix until the gate opens (a [`Hook`]).
 #[derive(Debug)]
-pub struct GateStore {
-    inner: Arc<dyn ObjectStore>,
+pub struct Gate {
     prefix: String,
     open: watch::Sender<bool>,
     pub arrived: watch::Sender<u64>,
 }
 
-impl GateStore {
-    pub fn new(inner: Arc<dyn ObjectStore>, prefix: &str) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
+impl Gate {
+    /// `inner` with a closed gate in front of writes under `prefix`.
+    pub fn store(inner: Arc<dyn ObjectStore>, prefix: &str) -> Arc<Hooked<Self>> {
+        let gate = Self {
             prefix: prefix.to_owned(),
             open: watch::Sender::new(false),
             arrived: watch::Sender::new(0),
-        })
+        };
+        Arc::new(Hooked::new(inner, gate))
     }
 
     pub fn open(&self) {
@@ -156,111 +155,41 @@ impl GateStore {
 }
 
 #[async_trait]
-impl ObjectStore for GateStore {
-    async fn put_if_absent(
-        &self,
-        key: &ObjectKey,
-        data: Bytes,
-        cancel: &CancellationToken,
-    ) -> StoreResult<PutOutcome> {
-        if key.as_str().starts_with(&self.prefix) {
+impl Hook for Gate {
+    async fn before(&self, call: Call<'_>) {
+        if matches!(call, Call::Put(key) if key.as_str().starts_with(&self.prefix)) {
             self.arrived.send_modify(|v| *v += 1);
             let mut rx = self.open.subscribe();
             let _ = tokio::time::timeout(Duration::from_secs(120), rx.wait_for(|o| *o)).await;
         }
-        self.inner.put_if_absent(key, data, cancel).await
-    }
-    async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes> {
-        self.inner.get(key, cancel).await
-    }
-    async fn get_range(
-        &self,
-        key: &ObjectKey,
-        offset: u64,
-        len: u64,
-        cancel: &CancellationToken,
-    ) -> StoreResult<Bytes> {
-        self.inner.get_range(key, offset, len, cancel).await
-    }
-    async fn head(
-        &self,
-        key: &ObjectKey,
-        cancel: &CancellationToken,
-    ) -> StoreResult<Option<ObjectMeta>> {
-        self.inner.head(key, cancel).await
-    }
-    async fn list(&self, prefix: &str, cancel: &CancellationToken) -> StoreResult<Vec<ObjectMeta>> {
-        self.inner.list(prefix, cancel).await
-    }
-    async fn delete(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<()> {
-        self.inner.delete(key, cancel).await
     }
 }
 
-/// A store that cancels a token when its `n`th call starts (the call then sees it).
+/// Cancels a token when the store's `n`th call starts (the call then sees it); a [`Hook`].
 #[derive(Debug)]
 pub struct CancelAt {
-    inner: Arc<dyn ObjectStore>,
     calls: AtomicU64,
     at: u64,
     pub token: CancellationToken,
 }
 
 impl CancelAt {
-    pub fn new(inner: Arc<dyn ObjectStore>, at: u64) -> Arc<Self> {
-        Arc::new(Self { inner, calls: AtomicU64::new(0), at, token: CancellationToken::new() })
+    /// `inner`, counting its calls and cancelling at call `at`.
+    pub fn store(inner: Arc<dyn ObjectStore>, at: u64) -> Arc<Hooked<Self>> {
+        let hook = Self { calls: AtomicU64::new(0), at, token: CancellationToken::new() };
+        Arc::new(Hooked::new(inner, hook))
     }
 
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
     }
-
-    fn tick(&self) {
-        if self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.at {
-            self.token.cancel();
-        }
-    }
 }
 
 #[async_trait]
-impl ObjectStore for CancelAt {
-    async fn put_if_absent(
-        &self,
-        key: &ObjectKey,
-        data: Bytes,
-        cancel: &CancellationToken,
-    ) -> StoreResult<PutOutcome> {
-        self.tick();
-        self.inner.put_if_absent(key, data, cancel).await
-    }
-    async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes> {
-        self.tick();
-        self.inner.get(key, cancel).await
-    }
-    async fn get_range(
-        &self,
-        key: &ObjectKey,
-        offset: u64,
-        len: u64,
-        cancel: &CancellationToken,
-    ) -> StoreResult<Bytes> {
-        self.tick();
-        self.inner.get_range(key, offset, len, cancel).await
-    }
-    async fn head(
-        &self,
-        key: &ObjectKey,
-        cancel: &CancellationToken,
-    ) -> StoreResult<Option<ObjectMeta>> {
-        self.tick();
-        self.inner.head(key, cancel).await
-    }
-    async fn list(&self, prefix: &str, cancel: &CancellationToken) -> StoreResult<Vec<ObjectMeta>> {
-        self.tick();
-        self.inner.list(prefix, cancel).await
-    }
-    async fn delete(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<()> {
-        self.tick();
-        self.inner.delete(key, cancel).await
+impl Hook for CancelAt {
+    async fn before(&self, _call: Call<'_>) {
+        if self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.at {
+            self.token.cancel();
+        }
     }
 }
