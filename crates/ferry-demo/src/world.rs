@@ -95,12 +95,14 @@ impl World {
         let namespace = self.cp()?.unique_namespace("shop").await?;
         self.namespace = namespace;
         let cp = self.cp()?;
-        let config = SimConfig {
+        let mut config = SimConfig {
             namespaces: vec![self.namespace.clone()],
             nodes: ["node-a", "node-b", "node-c"].map(String::from).to_vec(),
-            parent_dir: dir.map_or_else(std::env::temp_dir, Path::to_path_buf),
             ..SimConfig::default()
         };
+        if let Some(dir) = dir {
+            config.parent_dir = dir.to_path_buf();
+        }
         let sim = NodeSim::start(cp.client()?, config).await.context("starting the simulator")?;
         Ok(self.sim.insert(sim))
     }

@@ -68,13 +68,13 @@ impl<H: Hook> Hooked<H> {
         &self.hook
     }
 
-    async fn around<T>(
-        &self,
-        call: Call<'_>,
-        f: impl std::future::Future<Output = StoreResult<T>>,
-    ) -> StoreResult<T> {
+    /// Runs `forward` (the call to the wrapped store) only once the hook let it through.
+    async fn around<T, F>(&self, call: Call<'_>, forward: impl FnOnce() -> F) -> StoreResult<T>
+    where
+        F: std::future::Future<Output = StoreResult<T>>,
+    {
         self.hook.before(call).await;
-        let out = f.await;
+        let out = forward().await;
         self.hook.after(call, out.is_ok());
         out
     }
@@ -88,11 +88,11 @@ impl<H: Hook> ObjectStore for Hooked<H> {
         data: Bytes,
         cancel: &CancellationToken,
     ) -> StoreResult<PutOutcome> {
-        self.around(Call::Put(key), self.inner.put_if_absent(key, data, cancel)).await
+        self.around(Call::Put(key), || self.inner.put_if_absent(key, data, cancel)).await
     }
 
     async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes> {
-        self.around(Call::Get(key), self.inner.get(key, cancel)).await
+        self.around(Call::Get(key), || self.inner.get(key, cancel)).await
     }
 
     async fn get_range(
@@ -102,7 +102,7 @@ impl<H: Hook> ObjectStore for Hooked<H> {
         len: u64,
         cancel: &CancellationToken,
     ) -> StoreResult<Bytes> {
-        self.around(Call::GetRange(key), self.inner.get_range(key, offset, len, cancel)).await
+        self.around(Call::GetRange(key), || self.inner.get_range(key, offset, len, cancel)).await
     }
 
     async fn head(
@@ -110,15 +110,15 @@ impl<H: Hook> ObjectStore for Hooked<H> {
         key: &ObjectKey,
         cancel: &CancellationToken,
     ) -> StoreResult<Option<ObjectMeta>> {
-        self.around(Call::Head(key), self.inner.head(key, cancel)).await
+        self.around(Call::Head(key), || self.inner.head(key, cancel)).await
     }
 
     async fn list(&self, prefix: &str, cancel: &CancellationToken) -> StoreResult<Vec<ObjectMeta>> {
-        self.around(Call::List(prefix), self.inner.list(prefix, cancel)).await
+        self.around(Call::List(prefix), || self.inner.list(prefix, cancel)).await
     }
 
     async fn delete(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<()> {
-        self.around(Call::Delete(key), self.inner.delete(key, cancel)).await
+        self.around(Call::Delete(key), || self.inner.delete(key, cancel)).await
     }
 }
 
