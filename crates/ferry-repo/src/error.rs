@@ -133,6 +133,20 @@ pub enum RepoError {
         /// Why.
         reason: String,
     },
+    /// A password change stored the new key file but could not remove the old one: both
+    /// passwords open the repository until the old key is removed.
+    #[error(
+        "the new password works (key {new}), but removing the old key {old} failed, so the old \
+         password still opens the repository too: {source}"
+    )]
+    OldKeyKept {
+        /// The new key file.
+        new: String,
+        /// The key file that is still there.
+        old: String,
+        /// Why removing it failed.
+        source: Box<RepoError>,
+    },
     /// The operation was cancelled through its token.
     #[error("cancelled")]
     Cancelled,

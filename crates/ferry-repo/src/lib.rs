@@ -51,7 +51,9 @@ pub use check::{CheckOptions, CheckReport, check};
 pub use error::{RepoError, RepoResult};
 pub use format::{BlobId, KdfParams, KeyId, Snapshot, SnapshotId, SnapshotKind, Summary};
 pub use progress::{Progress, ProgressFn};
-pub use repo::{BlobLocation, CacheOptions, InitOptions, InitOutcome, Repository};
+pub use repo::{
+    BlobLocation, CacheOptions, InitOptions, InitOutcome, KeyDetails, KeyInfo, Repository,
+};
 pub use restore::{MAX_DEPTH, RestoreOptions, RestoreSummary, restore};
 pub use volume::{
     DEFAULT_VOLUME_CHUNK, DEFAULT_VOLUME_LEVEL, MAX_VOLUME_CHUNK, VolumeBackupOptions,

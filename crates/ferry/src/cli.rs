@@ -77,6 +77,53 @@ pub enum RepoCommand {
         #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..=1024))]
         pack_size_mib: Option<u32>,
     },
+    /// Change the password: stores a key file for the new password, proves it opens the
+    /// repository, then removes the key file of the current password. No data is rewritten.
+    Passwd {
+        #[command(flatten)]
+        repo: RepoArgs,
+        #[command(flatten)]
+        new_password: NewPasswordArgs,
+    },
+    /// Key files: each lets one password open the repository.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// List the key files, oldest first; `*` marks the one the given password opens.
+    List {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// Print JSON: a list of objects with id, current, created, hostname, kdf (or error).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Let another password open the repository too; prints the new key's id.
+    Add {
+        #[command(flatten)]
+        repo: RepoArgs,
+        #[command(flatten)]
+        new_password: NewPasswordArgs,
+    },
+    /// Remove a key file (not the last one, nor the one the given password opens).
+    Remove {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// The key's id, or a unique prefix of at least 4 hex digits.
+        key_id: String,
+    },
+}
+
+/// Where a new password comes from.
+#[derive(Debug, Clone, Args)]
+pub struct NewPasswordArgs {
+    /// A file holding the new password (else `FERRY_NEW_PASSWORD`).
+    #[arg(long, value_name = "FILE")]
+    pub new_password_file: Option<PathBuf>,
 }
 
 /// Where the repository is and how to open it.

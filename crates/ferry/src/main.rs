@@ -5,6 +5,7 @@
 mod agent_cmd;
 mod cli;
 mod gc_cmds;
+mod key_cmds;
 mod password;
 mod plugin_cmd;
 mod progress;
@@ -18,7 +19,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{Cli, Command, RepoCommand};
+use crate::cli::{Cli, Command, KeyCommand, RepoCommand};
 
 fn main() -> ExitCode {
     let cli = if plugin_cmd::started_as_plugin() {
@@ -62,6 +63,16 @@ async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()>
         Command::Repo { command: RepoCommand::Init { repo, pack_size_mib } } => {
             repo_cmds::init(&repo, pack_size_mib, cancel).await
         }
+        Command::Repo { command: RepoCommand::Passwd { repo, new_password } } => {
+            key_cmds::passwd(&repo, &new_password, cancel).await
+        }
+        Command::Repo { command: RepoCommand::Key { command } } => match command {
+            KeyCommand::List { repo, json } => key_cmds::list(&repo, json, cancel).await,
+            KeyCommand::Add { repo, new_password } => {
+                key_cmds::add(&repo, &new_password, cancel).await
+            }
+            KeyCommand::Remove { repo, key_id } => key_cmds::remove(&repo, &key_id, cancel).await,
+        },
         Command::Backup(args) => repo_cmds::backup(&args, cancel).await,
         Command::Restore(args) => repo_cmds::restore(&args, cancel).await,
         Command::Snapshots { repo, json } => repo_cmds::snapshots(&repo, json, cancel).await,

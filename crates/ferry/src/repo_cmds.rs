@@ -41,7 +41,7 @@ pub(crate) async fn open_repo(
 }
 
 /// Opens the repository without a local cache: every object is read from the store.
-async fn open_repo_uncached(
+pub(crate) async fn open_repo_uncached(
     args: &RepoArgs,
     cancel: &CancellationToken,
 ) -> anyhow::Result<Repository> {

@@ -299,3 +299,111 @@ fn the_cache_serves_verified_copies_may_be_deleted_and_is_never_used_by_check() 
     ok(&ferry(&env, &["snapshots", "--repo", &repo, "--no-cache"]));
     assert!(!unused.exists());
 }
+
+fn key_list(password: &str, repo: &str) -> Vec<serde_json::Value> {
+    let out = ok(&ferry(
+        &[("FERRY_PASSWORD", password)],
+        &["repo", "key", "list", "--repo", repo, "--json"],
+    ));
+    serde_json::from_str(&out).expect("key list JSON")
+}
+
+fn current_key(keys: &[serde_json::Value]) -> String {
+    let current: Vec<_> = keys.iter().filter(|k| k["current"] == true).collect();
+    assert_eq!(current.len(), 1, "{keys:?}");
+    current[0]["id"].as_str().expect("id").to_owned()
+}
+
+#[test]
+fn passwords_are_added_removed_and_changed_without_touching_the_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = format!("file://{}", dir.path().join("repo").display());
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    make_tree(&src);
+    ok(&ferry(&[("FERRY_PASSWORD", "alpha")], &["repo", "init", "--repo", &repo]));
+    let backup = ok(&ferry(
+        &[("FERRY_PASSWORD", "alpha")],
+        &["backup", "--repo", &repo, src.to_str().expect("utf-8")],
+    ));
+    let snapshot = backup.lines().last().expect("snapshot id").to_owned();
+
+    // A second password.
+    let added = ok(&ferry(
+        &[("FERRY_PASSWORD", "alpha"), ("FERRY_NEW_PASSWORD", "beta")],
+        &["repo", "key", "add", "--repo", &repo],
+    ));
+    let beta_key = added.trim().to_owned();
+    let keys = key_list("alpha", &repo);
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    let alpha_key = current_key(&keys);
+    assert_ne!(alpha_key, beta_key);
+    assert_eq!(current_key(&key_list("beta", &repo)), beta_key);
+    for k in &keys {
+        assert_eq!(k["kdf"]["algorithm"], "argon2id", "{k}");
+        assert!(k["created"].as_str().is_some_and(|t| t.ends_with('Z')), "{k}");
+    }
+    let table =
+        ok(&ferry(&[("FERRY_PASSWORD", "alpha")], &["repo", "key", "list", "--repo", &repo]));
+    assert!(table.lines().any(|l| l.starts_with(&format!("* {}", &alpha_key[..16]))), "{table}");
+
+    // Refusals: the key of the password in use, an unknown key, a too-short prefix.
+    for (id, expected) in [
+        (&alpha_key[..8], "change the password instead"),
+        ("00000000", "no such key"),
+        ("ab", "4 hex"),
+    ] {
+        let out =
+            ferry(&[("FERRY_PASSWORD", "alpha")], &["repo", "key", "remove", "--repo", &repo, id]);
+        assert!(!out.status.success(), "removing {id} succeeded");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "removing {id}: {stderr}");
+    }
+    assert_eq!(key_list("alpha", &repo).len(), 2);
+
+    // Opened with beta, alpha's key goes (by prefix); alpha no longer opens the repository.
+    let removed = ok(&ferry(
+        &[("FERRY_PASSWORD", "beta")],
+        &["repo", "key", "remove", "--repo", &repo, &alpha_key[..10]],
+    ));
+    assert!(removed.contains(&alpha_key), "{removed}");
+    let out = ferry(&[("FERRY_PASSWORD", "alpha")], &["snapshots", "--repo", &repo]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("wrong password"), "{out:?}");
+    let out = ferry(
+        &[("FERRY_PASSWORD", "beta")],
+        &["repo", "key", "remove", "--repo", &repo, &beta_key],
+    );
+    assert!(!out.status.success(), "the last key was removed");
+
+    // passwd: same password refused; beta becomes gamma; the data restores with gamma.
+    let out = ferry(
+        &[("FERRY_PASSWORD", "beta"), ("FERRY_NEW_PASSWORD", "beta")],
+        &["repo", "passwd", "--repo", &repo],
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("same as the current"), "{out:?}");
+    let out = ferry(&[("FERRY_PASSWORD", "beta")], &["repo", "passwd", "--repo", &repo]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("FERRY_NEW_PASSWORD"), "{out:?}");
+    let new_file = dir.path().join("new-password");
+    std::fs::write(&new_file, "gamma\n").expect("write password file");
+    let changed = ok(&ferry(
+        &[("FERRY_PASSWORD", "beta")],
+        &[
+            "repo",
+            "passwd",
+            "--repo",
+            &repo,
+            "--new-password-file",
+            new_file.to_str().expect("utf-8"),
+        ],
+    ));
+    assert!(changed.contains(&beta_key), "{changed}");
+    let out = ferry(&[("FERRY_PASSWORD", "beta")], &["snapshots", "--repo", &repo]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("wrong password"), "{out:?}");
+    let keys = key_list("gamma", &repo);
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    ok(&ferry(
+        &[("FERRY_PASSWORD", "gamma")],
+        &["restore", "--repo", &repo, &snapshot, dst.to_str().expect("utf-8")],
+    ));
+    assert_same_tree(&src, &dst);
+    ok(&ferry(&[("FERRY_PASSWORD", "gamma")], &["check", "--repo", &repo, "--read-data"]));
+}

@@ -3,6 +3,7 @@
 mod cache;
 mod disk_cache;
 pub(crate) mod index;
+mod keys;
 pub(crate) mod layout;
 mod snapshots;
 pub(crate) mod writer;
@@ -24,6 +25,7 @@ pub use disk_cache::CacheOptions;
 use disk_cache::{Cached, DiskCache};
 pub use index::BlobLocation;
 pub(crate) use index::MemIndex;
+pub use keys::{KeyDetails, KeyInfo};
 
 /// How many objects are fetched at once when loading many (index files, snapshots).
 const LOAD_CONCURRENCY: usize = 16;
@@ -59,6 +61,8 @@ struct Inner {
     store: Arc<dyn ObjectStore>,
     keys: RepoKeys,
     master: MasterKey,
+    /// The key file this handle was opened (or created) with.
+    key_id: std::sync::Mutex<KeyId>,
     config: Config,
     chunker: Chunker,
     index: tokio::sync::Mutex<Option<Arc<MemIndex>>>,
@@ -141,7 +145,7 @@ impl Repository {
             .map_err(|e| RepoError::store("write", &config_key, e))?;
         match outcome {
             PutOutcome::Created => {
-                Ok((Self::assemble(store, master, config)?, InitOutcome::Created))
+                Ok((Self::assemble(store, master, key_id, config)?, InitOutcome::Created))
             }
             PutOutcome::AlreadyExists => {
                 // Lost the race: our key file wraps a key no config uses. Remove it (a leftover
@@ -189,7 +193,10 @@ impl Repository {
             };
             let keys = master.derive();
             match Config::decode(&keys.cipher, &config_bytes) {
-                Ok(config) => return Self::assemble(store, master, config),
+                Ok(config) => {
+                    let key_id = KeyId(layout::id_of(&meta.key).unwrap_or_default());
+                    return Self::assemble(store, master, key_id, config);
+                }
                 Err(crate::format::FormatError::Authentication) => continue,
                 Err(e) => return Err(RepoError::corrupt("config", e)),
             }
@@ -200,6 +207,7 @@ impl Repository {
     fn assemble(
         store: Arc<dyn ObjectStore>,
         master: MasterKey,
+        key_id: KeyId,
         config: Config,
     ) -> RepoResult<Self> {
         let keys = master.derive();
@@ -210,6 +218,7 @@ impl Repository {
                 store,
                 keys,
                 master,
+                key_id: std::sync::Mutex::new(key_id),
                 config,
                 chunker,
                 index: tokio::sync::Mutex::new(None),
@@ -220,46 +229,6 @@ impl Repository {
                 ),
             }),
         })
-    }
-
-    /// Adds a key file so `password` also opens the repository (a password change is this plus
-    /// [`Repository::remove_key`] of the old one). No data is rewritten.
-    ///
-    /// # Errors
-    /// Store failures.
-    pub async fn add_password(
-        &self,
-        password: &[u8],
-        kdf: KdfParams,
-        cancel: &CancellationToken,
-    ) -> RepoResult<KeyId> {
-        let (id, bytes) = wrap_key(&self.inner.master, password, kdf).await?;
-        let key = layout::key_file(&id)?;
-        self.store()
-            .put_if_absent(&key, Bytes::from(bytes), cancel)
-            .await
-            .map_err(|e| RepoError::store("write key file", &key, e))?;
-        Ok(id)
-    }
-
-    /// Removes a key file, refusing to remove the last one.
-    ///
-    /// # Errors
-    /// [`RepoError::InvalidInput`] for the last key; store failures.
-    pub async fn remove_key(&self, id: &KeyId, cancel: &CancellationToken) -> RepoResult<()> {
-        let listed = self
-            .store()
-            .list(layout::KEYS, cancel)
-            .await
-            .map_err(|e| RepoError::store("list", layout::KEYS, e))?;
-        if listed.len() <= 1 {
-            return Err(RepoError::InvalidInput {
-                what: "key",
-                reason: "refusing to remove the last key file".into(),
-            });
-        }
-        let key = layout::key_file(id)?;
-        self.store().delete(&key, cancel).await.map_err(|e| RepoError::store("delete", &key, e))
     }
 
     /// Sets how long the leases of this handle's backups and restores last without a refresh

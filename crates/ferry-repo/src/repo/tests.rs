@@ -83,20 +83,98 @@ async fn racing_inits_agree_on_one_repository() -> RepoResult<()> {
 #[tokio::test]
 async fn password_change_keeps_data_readable() -> RepoResult<()> {
     let cancel = CancellationToken::new();
+    for (store, _dir) in stores() {
+        let (repo, _) =
+            Repository::init(Arc::clone(&store), b"old", &fast_options(), &cancel).await?;
+        let ids = write_blobs(&repo, vec![b"kept across password changes".to_vec()]).await?;
+        let old_id = repo.key_id();
+        let new_id = repo.change_password(b"new", KdfParams::insecure_for_tests(), &cancel).await?;
+        assert_ne!(new_id, old_id);
+        assert_eq!(repo.key_id(), new_id, "the handle now counts as opened with the new key");
+        assert!(matches!(
+            Repository::open(Arc::clone(&store), b"old", &cancel).await,
+            Err(RepoError::WrongPassword { tried: 1 })
+        ));
+        let reopened = Repository::open(Arc::clone(&store), b"new", &cancel).await?;
+        assert_eq!(reopened.config(), repo.config());
+        assert_eq!(reopened.key_id(), new_id);
+        let blob = reopened.read_blob(&ids[0], "test", &cancel).await?;
+        assert_eq!(&blob[..], b"kept across password changes");
+        let keys = reopened.key_files(&cancel).await?;
+        assert_eq!(keys.len(), 1);
+        assert!(keys[0].current && keys[0].id == new_id, "{keys:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn keys_are_listed_found_by_prefix_and_removed_with_care() -> RepoResult<()> {
+    let cancel = CancellationToken::new();
+    for (store, _dir) in stores() {
+        let (repo, _) =
+            Repository::init(Arc::clone(&store), b"a", &fast_options(), &cancel).await?;
+        let first = repo.key_id();
+        let refused = repo.remove_key(&first, &cancel).await;
+        assert!(matches!(refused, Err(RepoError::InvalidInput { .. })), "own key: {refused:?}");
+        let second = repo.add_password(b"b", KdfParams::insecure_for_tests(), &cancel).await?;
+
+        let keys = repo.key_files(&cancel).await?;
+        assert_eq!(keys.len(), 2, "{keys:?}");
+        let current: Vec<_> = keys.iter().filter(|k| k.current).map(|k| k.id).collect();
+        assert_eq!(current, vec![first]);
+        for k in &keys {
+            let details = k
+                .file
+                .as_ref()
+                .map_err(|e| RepoError::Internal { what: "test", reason: e.clone() })?;
+            assert_eq!(details.kdf, KdfParams::insecure_for_tests());
+            assert!(details.created_unix > 0);
+        }
+
+        let hex = second.to_hex();
+        assert_eq!(repo.find_key(&hex[..8], &cancel).await?, second);
+        assert_eq!(repo.find_key(&hex.to_ascii_uppercase(), &cancel).await?, second);
+        for bad in ["abc", "zzzzzzzz", "00000000000000000000"] {
+            let found = repo.find_key(bad, &cancel).await;
+            assert!(matches!(found, Err(RepoError::InvalidInput { .. })), "{bad}: {found:?}");
+        }
+        let unknown = KeyId([7; 32]);
+        let refused = repo.remove_key(&unknown, &cancel).await;
+        assert!(matches!(refused, Err(RepoError::InvalidInput { .. })), "unknown: {refused:?}");
+
+        // Opened with "b", the first key can go; then "b"'s own key is the last one.
+        let as_b = Repository::open(Arc::clone(&store), b"b", &cancel).await?;
+        assert_eq!(as_b.key_id(), second);
+        as_b.remove_key(&first, &cancel).await?;
+        assert!(matches!(
+            Repository::open(Arc::clone(&store), b"a", &cancel).await,
+            Err(RepoError::WrongPassword { .. })
+        ));
+        let refused = as_b.remove_key(&second, &cancel).await;
+        assert!(matches!(refused, Err(RepoError::InvalidInput { .. })), "last key: {refused:?}");
+        assert_eq!(as_b.key_files(&cancel).await?.len(), 1);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_damaged_key_file_is_listed_not_fatal() -> RepoResult<()> {
+    let cancel = CancellationToken::new();
     let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
-    let (repo, _) = Repository::init(Arc::clone(&store), b"old", &fast_options(), &cancel).await?;
-    let old_keys =
-        store.list(layout::KEYS, &cancel).await.map_err(|e| RepoError::store("list", "keys", e))?;
-    repo.add_password(b"new", KdfParams::insecure_for_tests(), &cancel).await?;
-    let old_id = KeyId(layout::id_of(&old_keys[0].key).unwrap_or_default());
-    repo.remove_key(&old_id, &cancel).await?;
-    assert!(matches!(
-        Repository::open(Arc::clone(&store), b"old", &cancel).await,
-        Err(RepoError::WrongPassword { .. })
-    ));
-    let reopened = Repository::open(store, b"new", &cancel).await?;
-    assert_eq!(reopened.config(), repo.config());
-    assert!(reopened.remove_key(&old_id, &cancel).await.is_err(), "last key removed");
+    let (repo, _) = Repository::init(Arc::clone(&store), b"pw", &fast_options(), &cancel).await?;
+    let junk = layout::key_file(&KeyId([9; 32]))?;
+    store
+        .put_if_absent(&junk, bytes::Bytes::from_static(b"not a key file"), &cancel)
+        .await
+        .map_err(|e| RepoError::store("write", &junk, e))?;
+    let keys = repo.key_files(&cancel).await?;
+    assert_eq!(keys.len(), 2);
+    let damaged: Vec<_> = keys.iter().filter(|k| k.file.is_err()).collect();
+    assert_eq!(damaged.len(), 1);
+    assert_eq!(damaged[0].id, KeyId([9; 32]));
+    assert!(!damaged[0].current);
+    // The password still opens the repository past the damaged file.
+    Repository::open(store, b"pw", &cancel).await?;
     Ok(())
 }
 
