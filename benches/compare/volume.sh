@@ -7,7 +7,12 @@
 # Velero's kopia uploader does for block volumes: `kopia snapshot create --stdin-file`, and
 # `kopia snapshot restore` of that file.
 #
-# Usage: benches/compare/volume.sh [--data DIR] [--work DIR] [--ferry BIN] [--kopia BIN|--no-kopia]
+# "Half full": the first files of the tree in path order whose sizes add up to --fill percent
+# (default 50) of the volume are hard-linked into a staging folder for `mkfs.ext4 -d`; the rest
+# of the volume is free space that was never written.
+#
+# Usage: benches/compare/volume.sh [--data DIR] [--fill PERCENT] [--work DIR] [--ferry BIN]
+#                                  [--kopia BIN|--no-kopia]
 # Needs root (losetup, mount), mkfs.ext4, and a release build of ferry
 # (cargo build --release -p ferry). Every loop device and mount is released on exit.
 set -euo pipefail
@@ -19,10 +24,12 @@ WORK_PARENT="${TMPDIR:-/tmp}"
 FERRY="${CARGO_TARGET_DIR:-$ROOT/target}/release/ferry"
 KOPIA="${XDG_CACHE_HOME:-$HOME/.cache}/ferry/anchors/kopia-v0.23.1/kopia"
 SIZE=$((2 << 30))
+FILL=50
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --data) DATA="$2"; shift 2 ;;
+    --fill) FILL="$2"; shift 2 ;;
     --work) WORK_PARENT="$2"; shift 2 ;;
     --ferry) FERRY="$2"; shift 2 ;;
     --kopia) KOPIA="$2"; shift 2 ;;
@@ -30,7 +37,14 @@ while [[ $# -gt 0 ]]; do
     *) echo "volume.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+# The cache holds one folder per package version, the tree inside it (as run.sh extracts it).
+if [[ -d "$DATA" && ! -e "$DATA/.complete" ]]; then
+  found="$(ls -d "$DATA"/*/.complete 2>/dev/null | sort -V | tail -n 1 || true)"
+  [[ -n "$found" ]] && DATA="$(dirname "$found")"
+fi
 [[ -d "$DATA" ]] || { echo "volume.sh: no data at $DATA (run run.sh once, or pass --data)" >&2; exit 1; }
+[[ "$FILL" =~ ^[0-9]+$ && "$FILL" -ge 1 && "$FILL" -le 90 ]] ||
+  { echo "volume.sh: --fill takes a percentage from 1 to 90" >&2; exit 2; }
 [[ -x "$FERRY" ]] || { echo "volume.sh: no ferry binary at $FERRY" >&2; exit 1; }
 
 WORK="$(mktemp -d "$WORK_PARENT/ferry-volume-bench.XXXXXX")"
@@ -46,8 +60,42 @@ export FERRY_PASSWORD=ferry-benchmark-password
 REPO="file://$WORK/repo"
 "$FERRY" repo init --repo "$REPO" >/dev/null
 
+# The files to put on the volume, hard-linked (copied across file systems) in path order.
+python3 - "$DATA" "$WORK/data" "$SIZE" "$FILL" <<'PY'
+import os, shutil, sys
+src, dst, size_total, fill = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+budget = size_total * fill // 100
+total = files = 0
+full = False
+for root, dirs, names in os.walk(src):
+    if full:
+        break
+    dirs.sort()
+    rel = os.path.relpath(root, src)
+    os.makedirs(os.path.join(dst, rel), exist_ok=True)
+    for name in sorted(names):
+        if name == ".complete":
+            continue
+        a, b = os.path.join(root, name), os.path.join(dst, rel, name)
+        if os.path.islink(a):
+            os.symlink(os.readlink(a), b)
+            continue
+        size = os.path.getsize(a)
+        if total + size > budget:
+            full = True
+            break
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+        total += size
+        files += 1
+print(f"volume: {files} files, {total / 1e9:.2f} GB of file data ({total * 100 / size_total:.0f} % of the volume)")
+PY
 truncate -s "$SIZE" "$WORK/volume.img"
-mkfs.ext4 -q -F -d "$DATA" "$WORK/volume.img"
+mkfs.ext4 -q -F -d "$WORK/data" "$WORK/volume.img"
+rm -rf "$WORK/data"
+echo "volume: $(du -B1 "$WORK/volume.img" | cut -f1 | python3 -c 'import sys; print(f"{int(sys.stdin.read()) / 1e9:.2f}")') GB of the image written by mkfs"
 DEV="$(losetup --find --show "$WORK/volume.img")"
 sync; echo 3 > /proc/sys/vm/drop_caches
 

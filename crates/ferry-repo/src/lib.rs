@@ -36,6 +36,7 @@
 //! `check.rs`, `sys.rs` (the one module with `unsafe`: xattr system calls).
 
 mod backup;
+pub mod browse;
 mod check;
 mod error;
 pub mod format;

@@ -28,6 +28,8 @@ pub enum Command {
     /// Restore a tree snapshot into a directory, or a volume snapshot onto a block device or
     /// image file.
     Restore(RestoreArgs),
+    /// List the entries of a tree snapshot at a path (default: its root).
+    Ls(LsArgs),
     /// List snapshots.
     Snapshots {
         #[command(flatten)]
@@ -211,11 +213,33 @@ pub struct RestoreArgs {
     /// written (only when certain, e.g. a freshly provisioned thin volume).
     #[arg(long)]
     pub target_zeroed: bool,
+    /// Restore only this path of a tree snapshot: a directory's content goes into TARGET,
+    /// anything else into TARGET under its own name.
+    #[arg(long, value_name = "PATH")]
+    pub path: Option<PathBuf>,
     /// The snapshot ID (or a unique prefix of it).
     pub snapshot: String,
     /// The directory to restore a tree into (created if missing), or the block device or
     /// image file (created if missing) to restore a volume onto.
     pub target: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// Also list every subdirectory's entries, depth first.
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
+    /// Print one JSON object per line: path, type, mode, uid, gid, size, mtime, and target
+    /// (symbolic links) or error (entries that could not be read at backup time).
+    #[arg(long)]
+    pub json: bool,
+    /// The snapshot ID (or a unique prefix of it).
+    pub snapshot: String,
+    /// A directory (or any entry) inside the snapshot.
+    #[arg(default_value = "/")]
+    pub path: PathBuf,
 }
 
 fn parse_tag(text: &str) -> Result<(String, String), String> {

@@ -6,6 +6,7 @@ mod agent_cmd;
 mod cli;
 mod gc_cmds;
 mod key_cmds;
+mod ls_cmd;
 mod password;
 mod plugin_cmd;
 mod progress;
@@ -75,6 +76,7 @@ async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()>
         },
         Command::Backup(args) => repo_cmds::backup(&args, cancel).await,
         Command::Restore(args) => repo_cmds::restore(&args, cancel).await,
+        Command::Ls(args) => ls_cmd::ls(&args, cancel).await,
         Command::Snapshots { repo, json } => repo_cmds::snapshots(&repo, json, cancel).await,
         Command::Check { repo, read_data } => repo_cmds::check(&repo, read_data, cancel).await,
         Command::Agent(args) => agent_cmd::run(&args, cancel).await,

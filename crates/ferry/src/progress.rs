@@ -22,12 +22,7 @@ pub fn reporter(verb: &'static str) -> (ProgressFn, Option<ProgressBar>) {
         let f: ProgressFn = Arc::new(move |p: &Progress| {
             shown.set_length(p.bytes_total_estimate.max(p.bytes_done));
             shown.set_position(p.bytes_done);
-            shown.set_message(format!(
-                "{}/{} files, {} new",
-                p.files_done,
-                p.files_total_estimate,
-                human(p.bytes_new)
-            ));
+            shown.set_message(format!("{}{} new", files(p), human(p.bytes_new)));
         });
         (f, Some(bar))
     } else {
@@ -46,11 +41,10 @@ pub fn reporter(verb: &'static str) -> (ProgressFn, Option<ProgressBar>) {
                 )]
                 let rate = (p.bytes_done as f64 / secs) as u64; // Display only.
                 eprintln!(
-                    "{verb}: {} of {} ({} files of {}), {} new, {}/s{}",
+                    "{verb}: {} of {}, {}{} new, {}/s{}",
                     human(p.bytes_done),
                     human(p.bytes_total_estimate.max(p.bytes_done)),
-                    p.files_done,
-                    p.files_total_estimate,
+                    files(p),
                     human(p.bytes_new),
                     human(rate),
                     if p.finished { ", done" } else { "" },
@@ -59,6 +53,14 @@ pub fn reporter(verb: &'static str) -> (ProgressFn, Option<ProgressBar>) {
         });
         (f, None)
     }
+}
+
+/// "`done` of `total` files, " for a file tree; nothing for a volume (no files to count).
+fn files(p: &Progress) -> String {
+    if p.files_done == 0 && p.files_total_estimate == 0 {
+        return String::new();
+    }
+    format!("{} of {} files, ", p.files_done, p.files_total_estimate)
 }
 
 /// Bytes in binary units, one decimal.

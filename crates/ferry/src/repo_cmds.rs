@@ -182,10 +182,17 @@ pub async fn restore(args: &RestoreArgs, cancel: &CancellationToken) -> anyhow::
         .find_snapshot(&args.snapshot, cancel)
         .await
         .with_context(|| format!("finding snapshot {}", args.snapshot))?;
-    if crate::volume_cmds::restore_if_volume(&repo, &id, args, cancel).await? {
+    // A path inside the snapshot only exists in a tree; the library says so for a volume.
+    if args.path.is_none()
+        && crate::volume_cmds::restore_if_volume(&repo, &id, args, cancel).await?
+    {
         return Ok(());
     }
-    let options = RestoreOptions { sparse: args.sparse, ..RestoreOptions::default() };
+    let options = RestoreOptions {
+        sparse: args.sparse,
+        subtree: args.path.clone(),
+        ..RestoreOptions::default()
+    };
     let (report, bar) = progress::reporter("restore");
     let summary = ferry_repo::restore(&repo, &id, &args.target, &options, Some(report), cancel)
         .await
@@ -243,15 +250,20 @@ pub async fn snapshots(
     }
 }
 
+/// A recorded time as RFC 3339 in UTC (empty when out of range).
+pub(crate) fn time_text(t: &ferry_repo::format::Timestamp) -> String {
+    jiff::Timestamp::new(t.sec, i32::try_from(t.nsec).unwrap_or(0))
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
 fn print_snapshots(list: &[(SnapshotId, Snapshot)], json: bool) -> anyhow::Result<()> {
     let rows: Vec<SnapshotJson> = list
         .iter()
         .map(|(id, s)| SnapshotJson {
             id: id.to_string(),
             kind: s.kind().map_or("unknown", |k| k.as_str()),
-            time: jiff::Timestamp::new(s.time.sec, i32::try_from(s.time.nsec).unwrap_or(0))
-                .map(|t| t.to_string())
-                .unwrap_or_default(),
+            time: time_text(&s.time),
             hostname: s.hostname.clone(),
             source: s.source.clone(),
             tags: s.tags.iter().cloned().collect(),

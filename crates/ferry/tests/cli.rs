@@ -407,3 +407,59 @@ fn passwords_are_added_removed_and_changed_without_touching_the_data() {
     assert_same_tree(&src, &dst);
     ok(&ferry(&[("FERRY_PASSWORD", "gamma")], &["check", "--repo", &repo, "--read-data"]));
 }
+
+#[test]
+fn ls_lists_a_snapshot_and_restore_path_takes_part_of_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = format!("file://{}", dir.path().join("repo").display());
+    let src = dir.path().join("src");
+    make_tree(&src);
+    ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
+    let backup = ok(&ferry(&[], &["backup", "--repo", &repo, src.to_str().expect("utf-8")]));
+    let id = backup.lines().last().expect("snapshot id").to_owned();
+
+    let top = ok(&ferry(&[], &["ls", "--repo", &repo, &id[..12]]));
+    let paths: Vec<&str> = top.lines().filter_map(|l| l.split_whitespace().nth(5)).collect();
+    assert_eq!(paths, ["/a.txt", "/sub"], "{top}");
+    assert!(top.lines().next().is_some_and(|l| l.starts_with("-rw")), "{top}");
+
+    let all = ok(&ferry(&[], &["ls", "--repo", &repo, "--recursive", "--json", &id]));
+    let entries: Vec<serde_json::Value> =
+        all.lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
+    let paths: Vec<&str> = entries.iter().filter_map(|e| e["path"].as_str()).collect();
+    assert_eq!(
+        paths,
+        ["/a.txt", "/sub", "/sub/big.bin", "/sub/deeper", "/sub/deeper/empty", "/sub/link"]
+    );
+    assert_eq!(entries[2]["size"], 3_000_000);
+    assert_eq!(entries[2]["type"], "file");
+    assert_eq!(entries[5]["target"], "../a.txt");
+    let one = ok(&ferry(&[], &["ls", "--repo", &repo, "--json", &id, "sub/link"]));
+    assert_eq!(one.lines().count(), 1, "{one}");
+    let out = ferry(&[], &["ls", "--repo", &repo, &id, "sub/missing"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/sub/missing is not in the snapshot"));
+
+    // A directory's content, then one file beside what is already there.
+    let part = dir.path().join("part");
+    ok(&ferry(
+        &[],
+        &["restore", "--repo", &repo, "--path", "/sub", &id, part.to_str().expect("utf-8")],
+    ));
+    let diff = Command::new("diff")
+        .args(["-r", "--no-dereference"])
+        .arg(src.join("sub"))
+        .arg(&part)
+        .output()
+        .expect("diff");
+    assert!(diff.status.success(), "{}", String::from_utf8_lossy(&diff.stdout));
+    ok(&ferry(
+        &[],
+        &["restore", "--repo", &repo, "--path", "a.txt", &id, part.to_str().expect("utf-8")],
+    ));
+    assert_eq!(std::fs::read(part.join("a.txt")).expect("restored file"), b"hello ferry\n");
+    assert!(part.join("big.bin").exists(), "restoring one file removed its neighbours");
+    let out =
+        ferry(&[], &["restore", "--repo", &repo, "--path", "../etc", &id, "/tmp/ferry-never"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`..`"), "{out:?}");
+    assert!(!Path::new("/tmp/ferry-never").exists());
+}

@@ -53,6 +53,10 @@ pub struct RestoreOptions {
     pub threads: usize,
     /// Set owners; `None` sets them when running as root.
     pub owners: Option<bool>,
+    /// Restore only this path of the snapshot: a directory's content goes into the target
+    /// (and its metadata onto the target); anything else goes into the target under its own
+    /// name, leaving the target directory's metadata alone.
+    pub subtree: Option<std::path::PathBuf>,
 }
 
 /// What a restore did.
@@ -150,6 +154,18 @@ async fn restore_leased(
     crate::sys::raise_fd_limit();
     let snapshot = repo.load_snapshot(id, cancel).await?;
     let index = repo.refresh_index(cancel).await?;
+    let root = match &options.subtree {
+        Some(path) if matches!(snapshot.root.body, NodeBody::Dir { .. }) => {
+            crate::browse::find_node(repo, &snapshot, path, cancel).await?
+        }
+        Some(_) => {
+            return Err(RepoError::InvalidInput {
+                what: "snapshot",
+                reason: "only a tree snapshot has paths to restore on their own".into(),
+            });
+        }
+        None => snapshot.root.clone(),
+    };
     std::fs::create_dir_all(target)
         .map_err(|e| RepoError::io("create restore target", target, e))?;
     let root_fd: OwnedFd = nix::fcntl::open(
@@ -170,8 +186,13 @@ async fn restore_leased(
         warnings: Mutex::new(Vec::new()),
         failure: Mutex::new(None),
     });
-    shared.progress.bytes_total.store(snapshot.summary.bytes_total, Ordering::Relaxed);
-    shared.progress.files_total.store(snapshot.summary.files, Ordering::Relaxed);
+    let (bytes_total, files_total) = match (&options.subtree, &root.body) {
+        (None, _) => (snapshot.summary.bytes_total, snapshot.summary.files),
+        (Some(_), NodeBody::File(content)) => (content.size, 1),
+        (Some(_), _) => (0, 0), // unknown without walking the subtree first
+    };
+    shared.progress.bytes_total.store(bytes_total, Ordering::Relaxed);
+    shared.progress.files_total.store(files_total, Ordering::Relaxed);
     let ticker = {
         let shared = Arc::clone(&shared);
         Ticker::start(progress.clone(), move || shared.progress.snapshot(0, false))
@@ -181,7 +202,6 @@ async fn restore_leased(
     } else {
         options.threads
     };
-    let root = snapshot.root.clone();
     let run = {
         let shared = Arc::clone(&shared);
         let target = target.to_path_buf();
@@ -226,11 +246,15 @@ fn run(
     target: &Path,
     threads: usize,
 ) -> RepoResult<Counts> {
-    let NodeBody::Dir { pages } = &root.body else {
-        return Err(RepoError::InvalidInput {
-            what: "snapshot",
-            reason: "only directory snapshots restore into a directory".into(),
-        });
+    let pages = match &root.body {
+        NodeBody::Dir { pages } => Some(pages),
+        NodeBody::Volume { .. } => {
+            return Err(RepoError::InvalidInput {
+                what: "snapshot",
+                reason: "only directory snapshots restore into a directory".into(),
+            });
+        }
+        _ => None,
     };
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(threads * 2);
     let counts = std::thread::scope(|scope| {
@@ -256,7 +280,11 @@ fn run(
                 hardlinks: HashMap::new(),
                 counts: Counts::default(),
             };
-            p.dir(&root_fd, pages, target, 0)?;
+            match pages {
+                Some(pages) => p.dir(&root_fd, pages, target, 0)?,
+                // One entry of a snapshot restored on its own, into the target directory.
+                None => p.entry(&root_fd, root.clone(), target, 0)?,
+            }
             p.flush()?;
             Ok::<_, RepoError>(p.counts)
         });
@@ -277,6 +305,9 @@ fn run(
     if shared.stop.is_cancelled() {
         return Err(RepoError::Cancelled);
     }
+    let Some(pages) = pages else {
+        return Ok(counts);
+    };
     // Directory metadata last, deepest first, once nothing more is written into them.
     let mut warnings = Warnings::default();
     dir_metadata(shared, &root_fd, pages, target, 0, &mut warnings)?;

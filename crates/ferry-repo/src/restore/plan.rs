@@ -45,7 +45,7 @@ impl Planner<'_> {
         for_each_entry(self.shared, pages, path, |node| self.entry(fd, node, path, depth))
     }
 
-    fn entry(
+    pub(crate) fn entry(
         &mut self,
         dir: &Arc<OwnedFd>,
         node: Node,
