@@ -147,6 +147,10 @@ pub enum RepoError {
         /// Why removing it failed.
         source: Box<RepoError>,
     },
+    /// A backup worker could not hand a pack on because the uploader had stopped; the
+    /// uploader's own error says why, and is what the backup reports.
+    #[error("the pack uploader stopped")]
+    UploadStopped,
     /// The operation was cancelled through its token.
     #[error("cancelled")]
     Cancelled,

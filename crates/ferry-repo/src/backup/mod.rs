@@ -27,7 +27,7 @@ use crate::format::{BlobId, DEFAULT_DATA_LEVEL, Node, Snapshot, SnapshotId, Summ
 use crate::gc::{Lease, LeaseCheck, WRITER_LEASES};
 use crate::progress::Counters;
 use crate::progress::ProgressFn;
-use crate::repo::writer::{LocalPacker, Uploader};
+use crate::repo::writer::{LocalPacker, Uploader, upload_cause};
 use crate::repo::{MemIndex, Repository, hostname};
 use files::FileWorker;
 use trees::TreeBuilder;
@@ -200,11 +200,15 @@ async fn backup_leased(
     if cancel.is_cancelled() {
         return Err(RepoError::Cancelled);
     }
-    if let Some(e) = shared.failure.lock().ok().and_then(|mut f| f.take()) {
-        return Err(e);
-    }
-    let (root, mut summary) = walked??;
-    uploaded?;
+    let walked = match shared.failure.lock().ok().and_then(|mut f| f.take()) {
+        Some(e) => Err(e),
+        None => walked.and_then(|w| w),
+    };
+    let (root, mut summary) = match (walked, uploaded) {
+        (Ok(walked), Ok(_)) => walked,
+        (Err(e), uploaded) => return Err(upload_cause(e, uploaded)),
+        (Ok(_), Err(e)) => return Err(e),
+    };
     summary.bytes_new = shared.progress.bytes_new.load(Ordering::Relaxed);
     summary.bytes_stored = stored.stored_bytes.load(Ordering::Relaxed);
     summary.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);

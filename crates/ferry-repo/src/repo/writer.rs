@@ -54,10 +54,17 @@ pub(crate) struct PackSink {
 
 impl PackSink {
     fn send(&self, pack: SealedPack) -> RepoResult<()> {
-        self.tx.blocking_send(pack).map_err(|_| RepoError::Internal {
-            what: "pack uploader",
-            reason: "stopped (see the upload error)".into(),
-        })
+        self.tx.blocking_send(pack).map_err(|_| RepoError::UploadStopped)
+    }
+}
+
+/// The error a backup reports when its workers failed with `failure`: the uploader's own
+/// error when the workers only stopped because the uploader had (a full disk, a store that
+/// went away), else the workers' error.
+pub(crate) fn upload_cause<T>(failure: RepoError, uploaded: RepoResult<T>) -> RepoError {
+    match (failure, uploaded) {
+        (RepoError::UploadStopped, Err(cause)) => cause,
+        (failure, _) => failure,
     }
 }
 

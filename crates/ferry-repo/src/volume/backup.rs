@@ -27,7 +27,7 @@ use crate::format::{
     SnapshotKind, Summary, Timestamp,
 };
 use crate::progress::{Counters, ProgressFn, Ticker};
-use crate::repo::writer::{LocalPacker, PackSink, Uploader, WriteStats};
+use crate::repo::writer::{LocalPacker, PackSink, Uploader, WriteStats, upload_cause};
 use crate::repo::{MemIndex, Repository, hostname};
 use crate::volume::device::{Volume, is_zero};
 use crate::volume::{VolumeBackupOptions, VolumeBackupSummary};
@@ -189,11 +189,15 @@ async fn backup_volume_leased(
     if cancel.is_cancelled() {
         return Err(RepoError::Cancelled);
     }
-    if let Some(e) = shared.failure.lock().ok().and_then(|mut f| f.take()) {
-        return Err(e);
+    let ran = match shared.failure.lock().ok().and_then(|mut f| f.take()) {
+        Some(e) => Err(e),
+        None => ran.and_then(|r| r),
+    };
+    match (ran, uploaded) {
+        (Ok(()), Ok(_)) => {}
+        (Err(e), uploaded) => return Err(upload_cause(e, uploaded)),
+        (Ok(()), Err(e)) => return Err(e),
     }
-    ran??;
-    uploaded?;
     let content = content(&shared)?;
     let bytes_new = shared.progress.bytes_new.load(Ordering::Relaxed);
     let bytes_stored = stored.stored_bytes.load(Ordering::Relaxed);
