@@ -6,6 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::ok;
+
+mod common;
+
 const PASSWORD: &str = "ferry-fixture-password";
 
 fn fixtures() -> PathBuf {
@@ -116,11 +120,6 @@ fn files(root: &Path) -> Vec<PathBuf> {
     }
     out.sort();
     out
-}
-
-fn ok(out: &Output) -> String {
-    assert!(out.status.success(), "ferry failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout.clone()).expect("utf-8")
 }
 
 /// The command failed with exactly one error line, naming `what`, with no cause repeated and

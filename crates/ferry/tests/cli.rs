@@ -4,32 +4,20 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use common::ok;
 use ferry_testbed::S3Server;
 
-const PASSWORD: &str = "cli-test-password";
+mod common;
 
 fn ferry(envs: &[(&str, &str)], args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
-    cmd.args(args)
-        .env_remove("FERRY_REPO")
-        .env("FERRY_PASSWORD", PASSWORD)
-        .env("AWS_ACCESS_KEY_ID", "ferry-test")
+    let mut cmd = common::ferry_command(args);
+    cmd.env("AWS_ACCESS_KEY_ID", "ferry-test")
         .env("AWS_SECRET_ACCESS_KEY", "ferry-test-secret")
         .env("AWS_EC2_METADATA_DISABLED", "true");
     for (k, v) in envs {
         cmd.env(k, v);
     }
     cmd.output().expect("run ferry")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "ferry failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).expect("utf-8 stdout")
 }
 
 fn make_tree(root: &Path) {

@@ -5,41 +5,19 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-const PASSWORD: &str = "crash-resume-password";
+use common::{ferry_command as ferry, noise, ok};
+
+mod common;
+
 /// Packs of 1 MiB (`repo init --pack-size-mib 1`), so an index checkpoint (every 8 stored
 /// packs) comes after 8 MiB and a small source spans many packs.
 const PACK_MIB: u64 = 1;
 /// What a checkpoint makes reusable at least: 8 packs of at least 1 MiB each, less the
 /// packs' own overhead.
 const CHECKPOINT_BYTES: u64 = (7 * PACK_MIB) << 20;
-
-fn ferry(args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
-    cmd.args(args).env_remove("FERRY_REPO").env("FERRY_PASSWORD", PASSWORD);
-    cmd
-}
-
-fn ok(out: &Output) -> String {
-    assert!(out.status.success(), "ferry failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout.clone()).expect("utf-8")
-}
-
-/// Incompressible bytes from a seed (xorshift), so every MiB is a MiB stored.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 fn files_under(dir: &Path) -> BTreeSet<PathBuf> {
     let mut out = BTreeSet::new();

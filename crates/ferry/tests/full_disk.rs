@@ -5,21 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const PASSWORD: &str = "full-disk-test-password";
+use common::{ferry, noise, ok};
 
-fn ferry(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(args)
-        .env_remove("FERRY_REPO")
-        .env("FERRY_PASSWORD", PASSWORD)
-        .output()
-        .expect("run ferry")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(out.status.success(), "ferry failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout.clone()).expect("utf-8 stdout")
-}
+mod common;
 
 /// Fails with one `ferry: error:` line saying the disk is full.
 fn fails_full(out: &Output, what: &str) -> String {
@@ -54,19 +42,6 @@ impl Drop for Tmpfs {
         let _ = nix::mount::umount(&self.0);
         let _ = std::fs::remove_dir(&self.0);
     }
-}
-
-/// Incompressible bytes (xorshift), so the repository holds about their size.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()[0]
-        })
-        .collect()
 }
 
 fn same_tree(a: &Path, b: &Path) {

@@ -6,26 +6,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const PASSWORD: &str = "volume-cli-password";
+use common::{ferry, ok};
 
-fn ferry(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(args)
-        .env_remove("FERRY_REPO")
-        .env("FERRY_PASSWORD", PASSWORD)
-        .output()
-        .expect("run ferry")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "ferry failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).expect("utf-8 stdout")
-}
+mod common;
 
 fn fails_with(out: &Output, expected: &str) {
     assert!(!out.status.success(), "ferry succeeded unexpectedly");
