@@ -121,8 +121,12 @@ pub async fn check(
     let mut seen_trees: HashSet<BlobId> = HashSet::new();
     let mut seen_data: HashSet<BlobId> = HashSet::new();
     for id in ids {
+        let loaded = repo.load_snapshot(&id, cancel).await;
+        if matches!(&loaded, Err(e) if e.is_not_found()) {
+            continue; // forgotten since the listing: nothing left to check
+        }
         report.snapshots += 1;
-        let snap = match repo.load_snapshot(&id, cancel).await {
+        let snap = match loaded {
             Ok(s) => s,
             Err(RepoError::Cancelled) => return Err(RepoError::Cancelled),
             Err(e) => {

@@ -187,6 +187,13 @@ impl RepoError {
         Self::Io { operation, path: path.into(), source }
     }
 
+    /// Whether a store object was missing: for an object listed a moment before, it was
+    /// removed since (a snapshot forgotten, a key removed) and is simply gone.
+    #[must_use]
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::Store { source: StoreError::NotFound { .. }, .. })
+    }
+
     /// Whether retrying later may succeed.
     #[must_use]
     pub fn is_retryable(&self) -> bool {

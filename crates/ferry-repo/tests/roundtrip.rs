@@ -220,3 +220,53 @@ async fn a_missing_or_non_directory_root_is_a_clear_error() -> TestResult {
     assert!(repo.snapshot_ids(&cancel).await?.is_empty());
     Ok(())
 }
+
+/// Deletes the object whose key ends with `suffix` just before it is first read, as a `forget`
+/// running on another node does between this node's listing and its read.
+#[derive(Debug)]
+struct ForgetBeforeRead {
+    store: Arc<dyn ferry_store::ObjectStore>,
+    suffix: String,
+}
+
+#[async_trait::async_trait]
+impl ferry_store::Hook for ForgetBeforeRead {
+    async fn before(&self, call: ferry_store::Call<'_>) {
+        if let ferry_store::Call::Get(key) = call
+            && key.as_str().ends_with(&self.suffix)
+        {
+            let _ = self.store.delete(key, &CancellationToken::new()).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_forgotten_during_a_listing_or_check_is_simply_gone() -> TestResult {
+    let cancel = CancellationToken::new();
+    let (repo, store) = memory_repo().await;
+    let src = tempfile::tempdir()?;
+    let (options, mut ids) = (BackupOptions::default(), Vec::new());
+    for n in 0..3u8 {
+        std::fs::write(src.path().join(format!("f{n}")), noise(64 << 10, n))?;
+        ids.push(backup_tree(&repo, src.path(), &options, None, &cancel).await?.snapshot_id);
+    }
+    // A fresh handle each time, so nothing of the snapshots is cached yet.
+    let handle = |forgotten: ferry_repo::SnapshotId| {
+        let inner: Arc<dyn ferry_store::ObjectStore> = store.clone();
+        let hook = ForgetBeforeRead { store: inner.clone(), suffix: forgotten.to_hex() };
+        ferry_repo::Repository::open(
+            Arc::new(ferry_store::Hooked::new(inner, hook)),
+            b"secret",
+            &cancel,
+        )
+    };
+    let listing = handle(ids[1]).await?;
+    let (good, damaged) = listing.readable_snapshots(&cancel).await?;
+    assert!(damaged.is_empty(), "{damaged:?}");
+    assert_eq!(good.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [ids[0], ids[2]]);
+    let checking = handle(ids[2]).await?;
+    let report = check(&checking, CheckOptions { read_data: true }, None, &cancel).await?;
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.snapshots, 1, "only the one snapshot left is checked");
+    Ok(())
+}

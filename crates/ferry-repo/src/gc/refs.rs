@@ -89,9 +89,7 @@ pub(crate) async fn collect(
     for id in snapshots {
         // A snapshot forgotten since the listing references nothing that must be kept.
         let snapshot = match repo.load_snapshot(id, cancel).await {
-            Err(RepoError::Store { source: ferry_store::StoreError::NotFound { .. }, .. }) => {
-                continue;
-            }
+            Err(e) if e.is_not_found() => continue,
             other => other?,
         };
         visit(&snapshot.root.body, &mut refs, &mut stack);

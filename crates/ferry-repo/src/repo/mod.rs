@@ -181,10 +181,13 @@ impl Repository {
             .map_err(|e| RepoError::store("list", layout::KEYS, e))?;
         let mut tried = 0;
         for meta in listed {
-            let bytes = store
-                .get(&meta.key, cancel)
-                .await
-                .map_err(|e| RepoError::store("read key file", &meta.key, e))?;
+            let bytes = match store.get(&meta.key, cancel).await {
+                Ok(bytes) => bytes,
+                // Removed since the listing: a node that lost an init race, or `repo key
+                // remove`. Either way it is not the key that opens this repository.
+                Err(StoreError::NotFound { .. }) => continue,
+                Err(e) => return Err(RepoError::store("read key file", &meta.key, e)),
+            };
             let Ok(file) = KeyFile::decode(&bytes) else { continue };
             tried += 1;
             let pw = password.to_vec();

@@ -45,6 +45,8 @@ impl Repository {
             match result {
                 Ok(pair) => good.push(pair),
                 Err(e @ RepoError::Corrupt { .. }) => damaged.push(e),
+                // Forgotten since the listing: no longer a snapshot of this repository.
+                Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),
             }
         }

@@ -80,6 +80,42 @@ async fn racing_inits_agree_on_one_repository() -> RepoResult<()> {
     Ok(())
 }
 
+/// Deletes one key file from the store just before `open` reads it, as a node that lost an
+/// init race (or `repo key remove`) does between another node's listing and its read.
+#[derive(Debug)]
+struct VanishBeforeRead {
+    store: Arc<dyn ObjectStore>,
+    key: ferry_store::ObjectKey,
+}
+
+#[async_trait::async_trait]
+impl ferry_store::Hook for VanishBeforeRead {
+    async fn before(&self, call: ferry_store::Call<'_>) {
+        if call == ferry_store::Call::Get(&self.key) {
+            let _ = self.store.delete(&self.key, &CancellationToken::new()).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_key_file_removed_after_the_listing_is_skipped() -> RepoResult<()> {
+    let cancel = CancellationToken::new();
+    for (store, _dir) in stores() {
+        let (repo, _) =
+            Repository::init(Arc::clone(&store), b"a", &fast_options(), &cancel).await?;
+        let b = repo.add_password(b"b", KdfParams::insecure_for_tests(), &cancel).await?;
+        // Open with the password whose key file is listed second; the first one vanishes.
+        let (gone, password): (KeyId, &[u8]) =
+            if repo.key_id() < b { (repo.key_id(), b"b") } else { (b, b"a") };
+        let hook = VanishBeforeRead { store: Arc::clone(&store), key: layout::key_file(&gone)? };
+        let hooked: Arc<dyn ObjectStore> = Arc::new(ferry_store::Hooked::new(store, hook));
+        let opened = Repository::open(hooked, password, &cancel).await?;
+        assert_eq!(opened.config(), repo.config());
+        assert_ne!(opened.key_id(), gone);
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn password_change_keeps_data_readable() -> RepoResult<()> {
     let cancel = CancellationToken::new();
