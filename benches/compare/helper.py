@@ -250,12 +250,18 @@ def cmd_meta(_args):
         "load_after": e["LOAD_AFTER"],
         "machine": {"nproc": e["NPROC"], "cpu": e["CPU"], "memory": e["MEMORY"], "kernel": e["KERNEL"], "disk": e["DISK"]},
         "settings": [
-            "All repositories are local directories on the same file system as the data copy and the restore target.",
+            "All repositories are local directories on the same file system as the data copy.",
             "Before each tool's sequence the data is copied afresh (cp -a), synced, and read once in full "
             "(warm-up), so every tool starts with the data in the page cache; nothing is dropped from the cache.",
             "The unchanged and 1%-changed backups are of that same working copy, so each tool finds its parent "
             "snapshot by path; Ferry is given --parent explicitly.",
-            "Restore is of the last (1%-changed) snapshot into an empty directory on the same disk"
+            "Restore is of the last (1%-changed) snapshot "
+            + (
+                "into a new ext4 file system (mkfs.ext4 defaults, on a loop device over a sparse file on the same "
+                "disk), made before each restore as a newly provisioned volume would be"
+                if e.get("RESTORE_FS") == "1"
+                else "into an empty directory on the same disk"
+            )
             + (", then compared with the source by diff -r (not timed)." if verify else "."),
             "Ferry: defaults (zstd level 3 with a bypass for incompressible chunks, XChaCha20-Poly1305, "
             "argon2id key file).",
@@ -343,7 +349,8 @@ def cmd_report(args):
         f"- CPU: {meta['machine']['cpu']} ({meta['machine']['nproc']} cores visible)",
         f"- Memory: {meta['machine']['memory']}",
         f"- Kernel: {meta['machine']['kernel']}",
-        f"- Disk holding data, repositories and restores: {meta['machine']['disk']}",
+        f"- Disk holding data, repositories and restores (or the restores' image files): "
+        f"{meta['machine']['disk']}",
         f"- Load average before: {meta['load_before']}; after: {meta['load_after']}",
         "",
         "## Settings",

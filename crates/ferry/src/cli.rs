@@ -180,8 +180,9 @@ impl CacheArgs {
 pub struct BackupArgs {
     #[command(flatten)]
     pub repo: RepoArgs,
-    /// Snapshot to compare with: unchanged files are not read again.
-    #[arg(long)]
+    /// Snapshot to compare with: unchanged files are not read again. `latest`: the newest
+    /// snapshot of the same path and kind (a full backup when there is none).
+    #[arg(long, value_name = "SNAPSHOT")]
     pub parent: Option<String>,
     /// Tag the snapshot (repeatable).
     #[arg(long = "tag", value_name = "K=V", value_parser = parse_tag)]
@@ -217,7 +218,7 @@ pub struct RestoreArgs {
     /// anything else into TARGET under its own name.
     #[arg(long, value_name = "PATH")]
     pub path: Option<PathBuf>,
-    /// The snapshot ID (or a unique prefix of it).
+    /// The snapshot ID, a unique prefix of it (at least 4 hex digits), or `latest`.
     pub snapshot: String,
     /// The directory to restore a tree into (created if missing), or the block device or
     /// image file (created if missing) to restore a volume onto.
@@ -235,7 +236,7 @@ pub struct LsArgs {
     /// (symbolic links) or error (entries that could not be read at backup time).
     #[arg(long)]
     pub json: bool,
-    /// The snapshot ID (or a unique prefix of it).
+    /// The snapshot ID, a unique prefix of it (at least 4 hex digits), or `latest`.
     pub snapshot: String,
     /// A directory (or any entry) inside the snapshot.
     #[arg(default_value = "/")]

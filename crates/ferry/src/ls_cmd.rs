@@ -3,7 +3,6 @@
 
 use std::io::Write;
 
-use anyhow::Context;
 use ferry_repo::RepoError;
 use ferry_repo::format::{Node, NodeBody};
 use serde::Serialize;
@@ -116,10 +115,7 @@ fn print(
 
 pub async fn ls(args: &LsArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
     let repo = open_repo(&args.repo, cancel).await?;
-    let id = repo
-        .find_snapshot(&args.snapshot, cancel)
-        .await
-        .with_context(|| format!("finding snapshot {}", args.snapshot))?;
+    let id = crate::snapshot_arg::find(&repo, &args.snapshot, cancel).await?;
     let snapshot = repo.load_snapshot(&id, cancel).await?;
     if !matches!(snapshot.root.body, NodeBody::Dir { .. }) {
         anyhow::bail!("snapshot {id} is a volume snapshot: it has no files to list");

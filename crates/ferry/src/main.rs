@@ -13,6 +13,7 @@ mod progress;
 mod pvc;
 mod repo_cmds;
 mod serve;
+mod snapshot_arg;
 mod volume_cmds;
 
 use std::process::ExitCode;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use ferry_repo::{
     BackupOptions, CacheOptions, InitOptions, InitOutcome, Repository, RestoreOptions, Snapshot,
-    SnapshotId,
+    SnapshotId, SnapshotKind,
 };
 use ferry_store::{AnyStore, ObjectStore, S3Options, StoreUrl};
 use serde::Serialize;
@@ -118,16 +118,16 @@ pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Re
         return crate::volume_cmds::backup(args, cancel).await;
     }
     let repo = open_repo(&args.repo, cancel).await?;
-    let parent = match &args.parent {
-        Some(query) => Some(
-            repo.find_snapshot(query, cancel)
-                .await
-                .with_context(|| format!("finding parent snapshot {query}"))?,
-        ),
-        None => None,
-    };
     let source = std::fs::canonicalize(&args.path)
         .with_context(|| format!("backup source {}", args.path.display()))?;
+    let parent = crate::snapshot_arg::find_parent(
+        &repo,
+        args.parent.as_deref(),
+        &source.display().to_string(),
+        SnapshotKind::Tree,
+        cancel,
+    )
+    .await?;
     let options = BackupOptions {
         parent,
         tags: args.tags.clone(),
@@ -178,10 +178,7 @@ pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Re
 
 pub async fn restore(args: &RestoreArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
     let repo = open_repo(&args.repo, cancel).await?;
-    let id: SnapshotId = repo
-        .find_snapshot(&args.snapshot, cancel)
-        .await
-        .with_context(|| format!("finding snapshot {}", args.snapshot))?;
+    let id: SnapshotId = crate::snapshot_arg::find(&repo, &args.snapshot, cancel).await?;
     // A path inside the snapshot only exists in a tree; the library says so for a volume.
     if args.path.is_none()
         && crate::volume_cmds::restore_if_volume(&repo, &id, args, cancel).await?

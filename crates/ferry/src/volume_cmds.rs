@@ -52,16 +52,16 @@ struct VolumeBackupJson {
 
 pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
     let repo = open_repo(&args.repo, cancel).await?;
-    let parent = match &args.parent {
-        Some(query) => Some(
-            repo.find_snapshot(query, cancel)
-                .await
-                .with_context(|| format!("finding parent snapshot {query}"))?,
-        ),
-        None => None,
-    };
     let source = std::fs::canonicalize(&args.path)
         .with_context(|| format!("backup source {}", args.path.display()))?;
+    let parent = crate::snapshot_arg::find_parent(
+        &repo,
+        args.parent.as_deref(),
+        &source.display().to_string(),
+        ferry_repo::SnapshotKind::Volume,
+        cancel,
+    )
+    .await?;
     let options = VolumeBackupOptions {
         parent,
         tags: args.tags.clone(),

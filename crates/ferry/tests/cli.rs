@@ -451,3 +451,44 @@ fn ls_lists_a_snapshot_and_restore_path_takes_part_of_it() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("`..`"), "{out:?}");
     assert!(!Path::new("/tmp/ferry-never").exists());
 }
+
+#[test]
+fn latest_names_the_newest_snapshot_and_parent_latest_the_newest_of_the_same_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = format!("file://{}", dir.path().join("repo").display());
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    make_tree(&a);
+    std::fs::create_dir(&b).expect("mkdir");
+    std::fs::write(b.join("other.txt"), b"another source\n").expect("write");
+    let (a_arg, b_arg) = (a.to_str().expect("utf-8"), b.to_str().expect("utf-8"));
+    ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
+    let out = ferry(&[], &["restore", "--repo", &repo, "latest", "/tmp/ferry-never"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no snapshots yet"), "{out:?}");
+
+    let backup = |path: &str| {
+        let out = ferry(&[], &["backup", "--repo", &repo, "--parent", "latest", path]);
+        let stdout = ok(&out);
+        let id = stdout.lines().last().expect("snapshot id").to_owned();
+        (id, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (first_a, said) = backup(a_arg);
+    assert!(said.contains("no earlier snapshot of"), "{said}");
+    let (first_b, _) = backup(b_arg);
+    let (second_a, said) = backup(a_arg);
+    assert!(!said.contains("no earlier snapshot"), "{said}");
+    let listed: Vec<serde_json::Value> =
+        serde_json::from_str(&ok(&ferry(&[], &["snapshots", "--repo", &repo, "--json"])))
+            .expect("JSON");
+    let parent_of = |id: &str| {
+        listed.iter().find(|s| s["id"] == id).map(|s| s["parent"].clone()).expect("listed")
+    };
+    assert_eq!(parent_of(&first_b), serde_json::Value::Null, "b has no earlier snapshot");
+    assert_eq!(parent_of(&second_a), first_a.as_str(), "the newest of the same path, not b's");
+
+    let top = ok(&ferry(&[], &["ls", "--repo", &repo, "latest"]));
+    assert!(top.contains("/sub"), "latest is a's second snapshot: {top}");
+    let out = dir.path().join("out");
+    ok(&ferry(&[], &["restore", "--repo", &repo, "latest", out.to_str().expect("utf-8")]));
+    assert_same_tree(&a, &out);
+}
