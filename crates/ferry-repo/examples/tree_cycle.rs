@@ -61,9 +61,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if phase == "check" {
         let t = Instant::now();
-        let report =
-            ferry_repo::check(&repo, ferry_repo::CheckOptions { read_data: true }, None, &cancel)
-                .await?;
+        let report = ferry_repo::check(
+            &repo,
+            ferry_repo::CheckOptions { read_data: true, subset: None },
+            None,
+            &cancel,
+        )
+        .await?;
         println!(
             "check --read-data: {:.2}s ok={} {report:?}",
             t.elapsed().as_secs_f64(),

@@ -48,7 +48,7 @@ mod sys;
 mod volume;
 
 pub use backup::{BackupOptions, BackupSummary, backup_tree};
-pub use check::{CheckOptions, CheckReport, check};
+pub use check::{CheckOptions, CheckReport, PackSubset, SubsetError, check};
 pub use error::{RepoError, RepoResult};
 pub use format::{BlobId, KdfParams, KeyId, Snapshot, SnapshotId, SnapshotKind, Summary};
 pub use progress::{Progress, ProgressFn};

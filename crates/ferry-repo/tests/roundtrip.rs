@@ -188,7 +188,7 @@ async fn an_interrupted_backup_leaves_indexed_data_the_next_one_reuses() -> Test
     assert!(matches!(r, Err(RepoError::Cancelled)), "{r:?}");
     // What was stored before the interruption is indexed, consistent, and reused.
     let fresh = CancellationToken::new();
-    let report = check(&repo, CheckOptions { read_data: true }, None, &fresh).await?;
+    let report = check(&repo, CheckOptions { read_data: true, subset: None }, None, &fresh).await?;
     assert!(report.is_ok(), "{:?}", report.problems);
     assert!(report.packs > 0);
     let again = backup_tree(&repo, src.path(), &options, None, &fresh).await?;
@@ -265,7 +265,8 @@ async fn a_snapshot_forgotten_during_a_listing_or_check_is_simply_gone() -> Test
     assert!(damaged.is_empty(), "{damaged:?}");
     assert_eq!(good.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [ids[0], ids[2]]);
     let checking = handle(ids[2]).await?;
-    let report = check(&checking, CheckOptions { read_data: true }, None, &cancel).await?;
+    let report =
+        check(&checking, CheckOptions { read_data: true, subset: None }, None, &cancel).await?;
     assert!(report.is_ok(), "{:?}", report.problems);
     assert_eq!(report.snapshots, 1, "only the one snapshot left is checked");
     Ok(())

@@ -114,7 +114,8 @@ async fn two_writers_at_once_on_s3_lose_nothing() -> TestResult {
     )
     .await?;
     assert!(std::fs::read(&image)? == std::fs::read(&image_out)?, "volume differs");
-    let report = check(&reader, CheckOptions { read_data: true }, None, &cancel).await?;
+    let report =
+        check(&reader, CheckOptions { read_data: true, subset: None }, None, &cancel).await?;
     assert!(report.is_ok(), "{:?}", report.problems);
     assert_eq!(report.snapshots, 2);
     Ok(())

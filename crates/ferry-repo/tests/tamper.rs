@@ -72,8 +72,13 @@ async fn flipped_byte_in_a_data_pack_fails_restore_and_check_naming_it() -> Test
         }
         other => panic!("expected a corruption error, got {other:?}"),
     }
-    let report =
-        check(&repo, CheckOptions { read_data: true }, None, &CancellationToken::new()).await?;
+    let report = check(
+        &repo,
+        CheckOptions { read_data: true, subset: None },
+        None,
+        &CancellationToken::new(),
+    )
+    .await?;
     assert!(
         report.problems.iter().any(|p| p.contains(data_pack.key.as_str())),
         "{:?}",
@@ -187,5 +192,29 @@ async fn deleted_pack_is_reported_by_check() -> TestResult {
     store.delete(&packs[0].key, &CancellationToken::new()).await?;
     let report = check(&repo, CheckOptions::default(), None, &CancellationToken::new()).await?;
     assert!(report.problems.iter().any(|p| p.contains("missing")), "{:?}", report.problems);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_data_subsets_split_the_packs_and_find_the_damage_in_one_of_them() -> TestResult {
+    let (_, store, _, _src) = fixture().await?;
+    let packs = listed(&store, "data/").await?;
+    let data_pack = packs.iter().max_by_key(|m| m.size).ok_or("no pack")?;
+    flip(&store, &data_pack.key, None).await?;
+    let repo = reopen(&store).await?;
+    let cancel = CancellationToken::new();
+    let (mut read, mut found) = (0, 0);
+    for n in 1..=3 {
+        let subset = Some(ferry_repo::PackSubset::Group { n, of: 3 });
+        let report = check(&repo, CheckOptions { read_data: true, subset }, None, &cancel).await?;
+        read += report.packs_read;
+        found += usize::from(report.problems.iter().any(|p| p.contains(data_pack.key.as_str())));
+    }
+    assert_eq!(read, packs.len() as u64, "the three groups read every pack once");
+    assert_eq!(found, 1, "exactly the group holding the damaged pack reports it");
+    let all = Some(ferry_repo::PackSubset::Percent(100.0));
+    let report = check(&repo, CheckOptions { read_data: true, subset: all }, None, &cancel).await?;
+    assert_eq!(report.packs_read, packs.len() as u64);
+    assert!(!report.is_ok());
     Ok(())
 }

@@ -214,7 +214,8 @@ async fn ext4_volume_round_trip_incremental_and_cross_volume_dedup() -> TestResu
     let third = backup_volume(&repo, &copy, &VolumeBackupOptions::default(), None, &cancel).await?;
     assert_eq!(third.bytes_new, 0, "{third:?}");
 
-    let report = check(&repo, CheckOptions { read_data: true }, None, &cancel).await?;
+    let report =
+        check(&repo, CheckOptions { read_data: true, subset: None }, None, &cancel).await?;
     assert!(report.is_ok(), "{:?}", report.problems);
     assert_eq!(report.snapshots, 3);
     assert!(report.data_blobs > 0);

@@ -64,6 +64,10 @@ pub enum Command {
         /// Also read and authenticate every stored byte.
         #[arg(long)]
         read_data: bool,
+        /// Read and authenticate only part of the packs: group N of M (`2/5`; running 1/5 to
+        /// 5/5 reads each pack once) or a random P percent (`10%`).
+        #[arg(long, value_name = "N/M|P%", conflicts_with = "read_data")]
+        read_data_subset: Option<ferry_repo::PackSubset>,
     },
 }
 

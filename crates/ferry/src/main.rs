@@ -79,7 +79,13 @@ async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()>
         Command::Restore(args) => repo_cmds::restore(&args, cancel).await,
         Command::Ls(args) => ls_cmd::ls(&args, cancel).await,
         Command::Snapshots { repo, json } => repo_cmds::snapshots(&repo, json, cancel).await,
-        Command::Check { repo, read_data } => repo_cmds::check(&repo, read_data, cancel).await,
+        Command::Check { repo, read_data, read_data_subset } => {
+            let options = ferry_repo::CheckOptions {
+                read_data: read_data || read_data_subset.is_some(),
+                subset: read_data_subset,
+            };
+            repo_cmds::check(&repo, options, cancel).await
+        }
         Command::Agent(args) => agent_cmd::run(&args, cancel).await,
         Command::Volume { command } => pvc::run(&command, cancel).await,
         Command::Hold => agent_cmd::hold(cancel).await,

@@ -295,12 +295,11 @@ fn print_snapshots(list: &[(SnapshotId, Snapshot)], json: bool) -> anyhow::Resul
 
 pub async fn check(
     args: &RepoArgs,
-    read_data: bool,
+    options: ferry_repo::CheckOptions,
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
     // Never through the cache: check is about what the store holds.
     let repo = open_repo_uncached(args, cancel).await?;
-    let options = ferry_repo::CheckOptions { read_data };
     let report =
         ferry_repo::check(&repo, options, None, cancel).await.context("checking the repository")?;
     println!(
@@ -309,10 +308,11 @@ pub async fn check(
         report.trees,
         report.data_blobs,
         report.packs,
-        if read_data {
+        if options.read_data {
             format!(
-                " ({} packs, {} read and authenticated)",
+                " ({} packs{}, {} read and authenticated)",
                 report.packs_read,
+                if options.subset.is_some() { " of the subset" } else { "" },
                 progress::human(report.bytes_read)
             )
         } else {

@@ -492,3 +492,30 @@ fn latest_names_the_newest_snapshot_and_parent_latest_the_newest_of_the_same_pat
     ok(&ferry(&[], &["restore", "--repo", &repo, "latest", out.to_str().expect("utf-8")]));
     assert_same_tree(&a, &out);
 }
+
+#[test]
+fn check_reads_a_subset_of_the_data_when_asked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = format!("file://{}", dir.path().join("repo").display());
+    let src = dir.path().join("src");
+    make_tree(&src);
+    ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
+    ok(&ferry(&[], &["backup", "--repo", &repo, src.to_str().expect("utf-8")]));
+    let packs = |out: &str| -> u64 {
+        let (_, tail) = out.split_once(" packs (").expect("packs read");
+        tail.split_whitespace().next().expect("count").parse().expect("number")
+    };
+    let whole = ok(&ferry(&[], &["check", "--repo", &repo, "--read-data"]));
+    let halves: u64 = ["1/2", "2/2"]
+        .iter()
+        .map(|part| {
+            let out = ok(&ferry(&[], &["check", "--repo", &repo, "--read-data-subset", part]));
+            assert!(out.contains("of the subset"), "{out}");
+            packs(&out)
+        })
+        .sum();
+    assert_eq!(halves, packs(&whole), "{whole}");
+    let out = ferry(&[], &["check", "--repo", &repo, "--read-data-subset", "3/2"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("N must be between 1 and M"), "{out:?}");
+}

@@ -355,9 +355,13 @@ pub async fn hard_cases_round_trip(repo: &Repository) -> TestResult {
     assert_eq!(r.files, summary.files);
     assert!(r.warnings.is_empty(), "{:?}", r.warnings);
     assert_same_tree(src.path(), &target);
-    let report =
-        ferry_repo::check(repo, ferry_repo::CheckOptions { read_data: true }, None, &cancel)
-            .await?;
+    let report = ferry_repo::check(
+        repo,
+        ferry_repo::CheckOptions { read_data: true, subset: None },
+        None,
+        &cancel,
+    )
+    .await?;
     assert!(report.is_ok(), "{:?}", report.problems);
     assert_eq!(report.snapshots, 1);
     assert!(report.packs_read > 0);

@@ -76,9 +76,14 @@ pub async fn data_bytes(store: &dyn ObjectStore) -> u64 {
 
 /// `check --read-data` finds nothing wrong.
 pub async fn assert_clean(repo: &Repository) {
-    let report = check(repo, CheckOptions { read_data: true }, None, &CancellationToken::new())
-        .await
-        .unwrap();
+    let report = check(
+        repo,
+        CheckOptions { read_data: true, subset: None },
+        None,
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
     assert!(report.is_ok(), "check found problems: {:#?}", report.problems);
 }
 
