@@ -94,13 +94,9 @@ async fn later_handles_read_metadata_from_the_cache_which_may_vanish_or_rot() ->
     let options = ferry_repo::BackupOptions::default();
     let first = ferry_repo::backup_tree(&writer, src.path(), &options, None, &cancel).await?;
     drop(writer);
-    // Copies are written in the background; give them a moment, bounded.
-    for _ in 0..100 {
-        if files_under(&cache.dir).iter().any(|(p, _)| p.to_string_lossy().contains("snapshots")) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    // Copies are in the cache by the time the backup returns.
+    let cached = files_under(&cache.dir);
+    assert!(cached.iter().any(|(p, _)| p.to_string_lossy().contains("snapshots")), "{cached:?}");
     store.hook().take();
 
     // Another handle (another process, in effect) lists and restores without reading any

@@ -247,7 +247,7 @@ pub struct LsArgs {
     pub path: PathBuf,
 }
 
-fn parse_tag(text: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_tag(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
         _ => Err(format!("tag {text:?} is not K=V")),

@@ -11,17 +11,80 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::RepoArgs;
 use crate::progress::human;
 use crate::repo_cmds::open_repo;
+use crate::retention::Policy;
 
 #[derive(Debug, Args)]
 pub struct ForgetArgs {
     #[command(flatten)]
     pub repo: RepoArgs,
-    /// Print JSON: {"forgotten": [ids]}.
+    /// Print JSON: {"forgotten": [ids]}, with a policy also "kept": [{"id", "reasons"}].
     #[arg(long)]
     pub json: bool,
-    /// Snapshot IDs (or unique prefixes of at least 4 hex digits).
-    #[arg(required = true)]
+    /// Snapshot IDs (or unique prefixes of at least 4 hex digits); or give a policy instead.
     pub snapshots: Vec<String>,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+/// A retention policy, applied to each group of snapshots of the same host and source.
+/// Snapshots made for Velero's DataUploads are never forgotten by a policy (deleting the
+/// Velero backup does that).
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
+    /// Keep the N newest snapshots.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub keep_last: u32,
+    /// Keep the newest snapshot of each of the N latest hours that have one (UTC).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub keep_hourly: u32,
+    /// ... of each of the N latest days (UTC).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub keep_daily: u32,
+    /// ... of each of the N latest ISO weeks.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub keep_weekly: u32,
+    /// ... of each of the N latest months.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub keep_monthly: u32,
+    /// ... of each of the N latest years.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub keep_yearly: u32,
+    /// Keep every snapshot at most this long before the group's newest (e.g. `14d`,
+    /// `2 weeks`, `6 months`).
+    #[arg(long, value_name = "SPAN", value_parser = parse_span)]
+    pub keep_within: Option<jiff::Span>,
+    /// Keep every snapshot with this tag (repeatable).
+    #[arg(long = "keep-tag", value_name = "K=V", value_parser = crate::cli::parse_tag)]
+    pub keep_tags: Vec<(String, String)>,
+    /// Apply the policy only to snapshots of this source (as `ferry snapshots` shows it).
+    #[arg(long, value_name = "SOURCE")]
+    pub source: Option<String>,
+    /// Show what the policy keeps and forgets; forget nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+impl PolicyArgs {
+    fn policy(&self) -> Policy {
+        Policy {
+            last: self.keep_last,
+            hourly: self.keep_hourly,
+            daily: self.keep_daily,
+            weekly: self.keep_weekly,
+            monthly: self.keep_monthly,
+            yearly: self.keep_yearly,
+            within: self.keep_within,
+            tags: self.keep_tags.clone(),
+        }
+    }
+}
+
+fn parse_span(text: &str) -> Result<jiff::Span, String> {
+    match text.parse::<jiff::Span>() {
+        Ok(span) if span.is_negative() => Err(format!("{text:?} is a negative span")),
+        Ok(span) => Ok(span),
+        Err(e) => Err(format!("{text:?} is not a span like 14d, 2 weeks or 6 months: {e}")),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -56,32 +119,93 @@ fn parse_fraction(text: &str) -> Result<f64, String> {
 #[derive(Serialize)]
 struct ForgetJson {
     forgotten: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    kept: Vec<KeptJson>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    dry_run: bool,
+}
+
+#[derive(Serialize)]
+struct KeptJson {
+    id: String,
+    reasons: Vec<&'static str>,
 }
 
 pub async fn forget(args: &ForgetArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
-    let repo = open_repo(&args.repo, cancel).await?;
-    // Resolve every id first: nothing is deleted when one of them is wrong.
-    let mut ids = Vec::new();
-    for query in &args.snapshots {
-        let id = repo
-            .find_snapshot(query, cancel)
-            .await
-            .with_context(|| format!("finding snapshot {query}"))?;
-        if !ids.contains(&id) {
-            ids.push(id);
-        }
+    use clap::error::ErrorKind;
+    let policy = args.policy.policy();
+    match (args.snapshots.is_empty(), policy.is_empty()) {
+        (true, true) => usage_error(
+            ErrorKind::MissingRequiredArgument,
+            "name the snapshots to forget, or give a policy (--keep-last N, --keep-daily N, \
+             --keep-within SPAN, ...)",
+        ),
+        (false, false) => usage_error(
+            ErrorKind::ArgumentConflict,
+            "give snapshot IDs or a --keep-* policy, not both",
+        ),
+        _ => {}
     }
-    ferry_repo::gc::forget(&repo, &ids, cancel).await.context("forgetting snapshots")?;
-    if args.json {
-        let json = ForgetJson { forgotten: ids.iter().map(ToString::to_string).collect() };
-        println!("{}", serde_json::to_string(&json)?);
+    if policy.is_empty() && (args.policy.dry_run || args.policy.source.is_some()) {
+        usage_error(
+            ErrorKind::ArgumentConflict,
+            "--dry-run and --source go with a --keep-* policy",
+        );
+    }
+    let repo = open_repo(&args.repo, cancel).await?;
+    let (ids, kept) = if policy.is_empty() {
+        // Resolve every id first: nothing is deleted when one of them is wrong.
+        let mut ids = Vec::new();
+        for query in &args.snapshots {
+            let id = repo
+                .find_snapshot(query, cancel)
+                .await
+                .with_context(|| format!("finding snapshot {query}"))?;
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        (ids, Vec::new())
     } else {
+        let plan =
+            crate::forget_policy::plan(&repo, &policy, args.policy.source.as_deref(), cancel)
+                .await?;
+        if !args.json {
+            plan.print(args.policy.dry_run);
+        }
+        (plan.forget, plan.keep)
+    };
+    let dry_run = args.policy.dry_run;
+    if !dry_run {
+        ferry_repo::gc::forget(&repo, &ids, cancel).await.context("forgetting snapshots")?;
+    }
+    if args.json {
+        let json = ForgetJson {
+            forgotten: ids.iter().map(ToString::to_string).collect(),
+            kept: kept
+                .into_iter()
+                .map(|(id, reasons)| KeptJson { id: id.to_string(), reasons })
+                .collect(),
+            dry_run,
+        };
+        println!("{}", serde_json::to_string(&json)?);
+    } else if !dry_run {
         for id in &ids {
             println!("forgot {id}");
         }
-        eprintln!("forget: run `ferry gc` to reclaim their space");
+        if !ids.is_empty() {
+            eprintln!("forget: run `ferry gc` to reclaim their space");
+        }
     }
     Ok(())
+}
+
+/// Ends the process as clap does for a usage mistake (status 2), before anything is done.
+fn usage_error(kind: clap::error::ErrorKind, message: &str) -> ! {
+    use clap::CommandFactory;
+    let mut forget = crate::cli::Cli::command();
+    let forget = forget.find_subcommand_mut("forget").map(std::mem::take).unwrap_or_default();
+    forget.bin_name("ferry forget").error(kind, message).exit()
 }
 
 #[derive(Serialize)]

@@ -4,6 +4,7 @@
 
 mod agent_cmd;
 mod cli;
+mod forget_policy;
 mod gc_cmds;
 mod key_cmds;
 mod ls_cmd;
@@ -12,6 +13,7 @@ mod plugin_cmd;
 mod progress;
 mod pvc;
 mod repo_cmds;
+mod retention;
 mod serve;
 mod snapshot_arg;
 mod volume_cmds;

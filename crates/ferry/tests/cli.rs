@@ -248,8 +248,7 @@ fn the_cache_serves_verified_copies_may_be_deleted_and_is_never_used_by_check() 
         &["backup", "--repo", &repo, "--cache-dir", cache_arg, src.to_str().expect("path")],
     ));
     let id = id.lines().last().expect("snapshot id").to_owned();
-    // Copies are written in the background: the listing makes sure the snapshot is there too.
-    ok(&ferry(&[("FERRY_CACHE_DIR", cache_arg)], &["snapshots", "--repo", &repo]));
+    // The backup kept copies of what it wrote before it exited.
     assert_eq!(files_with(&cache, "/index/").len(), 1);
     assert_eq!(files_with(&cache, "/snapshots/").len(), 1);
     assert_eq!(files_with(&cache, "/trees/").len(), 1);
@@ -518,4 +517,58 @@ fn check_reads_a_subset_of_the_data_when_asked() {
     let out = ferry(&[], &["check", "--repo", &repo, "--read-data-subset", "3/2"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("N must be between 1 and M"), "{out:?}");
+}
+
+#[test]
+fn forget_by_policy_keeps_per_source_shows_a_dry_run_and_leaves_velero_snapshots_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = format!("file://{}", dir.path().join("repo").display());
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    make_tree(&a);
+    std::fs::create_dir(&b).expect("mkdir");
+    let (a_arg, b_arg) = (a.to_str().expect("utf-8"), b.to_str().expect("utf-8"));
+    ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
+    let backup = |args: &[&str]| {
+        let mut all = vec!["backup", "--repo", &repo];
+        all.extend_from_slice(args);
+        ok(&ferry(&[], &all)).lines().last().expect("snapshot id").to_owned()
+    };
+    let a_ids: Vec<String> = (0..4).map(|_| backup(&[a_arg])).collect();
+    let b_id = backup(&[b_arg]);
+    let velero = backup(&["--tag", "ferry.io/data-upload=du-1", a_arg]);
+    let listed = || -> Vec<String> {
+        let out = ok(&ferry(&[], &["snapshots", "--repo", &repo, "--json"]));
+        let list: Vec<serde_json::Value> = serde_json::from_str(&out).expect("JSON");
+        list.iter().map(|s| s["id"].as_str().expect("id").to_owned()).collect()
+    };
+    assert_eq!(listed().len(), 6);
+
+    let refused = ferry(&[], &["forget", "--repo", &repo]);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("or give a policy"), "{refused:?}");
+    let both = ferry(&[], &["forget", "--repo", &repo, "--keep-last", "1", &b_id]);
+    assert!(String::from_utf8_lossy(&both.stderr).contains("not both"), "{both:?}");
+    let bad = ferry(&[], &["forget", "--repo", &repo, "--keep-within", "soon"]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a span"), "{bad:?}");
+
+    let dry = ok(&ferry(&[], &["forget", "--repo", &repo, "--keep-last", "2", "--dry-run"]));
+    assert!(dry.contains(&format!("{a_arg} on ")), "{dry}");
+    assert!(dry.contains("keeping 2 of 4 snapshots") && dry.contains("keeping 1 of 1"), "{dry}");
+    assert!(dry.contains("1 snapshots of Velero DataUploads left alone"), "{dry}");
+    assert_eq!(listed().len(), 6, "a dry run forgets nothing");
+
+    let out = ok(&ferry(&[], &["forget", "--repo", &repo, "--keep-last", "2", "--json"]));
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let forgotten: Vec<&str> =
+        json["forgotten"].as_array().expect("list").iter().filter_map(|v| v.as_str()).collect();
+    let mut expected = vec![a_ids[0].as_str(), a_ids[1].as_str()];
+    expected.sort_unstable();
+    let mut got = forgotten.clone();
+    got.sort_unstable();
+    assert_eq!(got, expected, "the two oldest of a");
+    assert_eq!(json["kept"].as_array().expect("kept").len(), 3);
+    let mut left = listed();
+    left.sort();
+    let mut want = vec![a_ids[2].clone(), a_ids[3].clone(), b_id, velero];
+    want.sort();
+    assert_eq!(left, want);
 }

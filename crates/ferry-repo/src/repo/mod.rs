@@ -275,15 +275,16 @@ impl Repository {
         }
         let bytes =
             self.store().get(key, cancel).await.map_err(|e| RepoError::store(what, key, e))?;
-        self.keep_copy(kind, id, bytes.clone());
+        self.keep_copy(kind, id, bytes.clone()).await;
         Ok(bytes)
     }
 
-    /// Puts a copy of an object this process stored or read into the local cache, in the
-    /// background.
-    pub(crate) fn keep_copy(&self, kind: Cached, id: [u8; 32], bytes: Bytes) {
+    /// Puts a copy of an object this process stored or read into the local cache (best
+    /// effort: a failed write is logged by the cache). Awaited, not left in the background:
+    /// a process that ends right after would drop a write still queued.
+    pub(crate) async fn keep_copy(&self, kind: Cached, id: [u8; 32], bytes: Bytes) {
         if let Some(cache) = self.inner.disk_cache.get().cloned() {
-            tokio::task::spawn_blocking(move || cache.put(kind, &id, &bytes));
+            let _ = blocking(move || cache.put(kind, &id, &bytes)).await;
         }
     }
 

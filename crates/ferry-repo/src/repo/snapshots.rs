@@ -134,7 +134,7 @@ impl Repository {
             .put_if_absent(&key, bytes.clone(), cancel)
             .await
             .map_err(|e| RepoError::store("write snapshot", &key, e))?;
-        self.keep_copy(Cached::Snapshot, id.0, bytes);
+        self.keep_copy(Cached::Snapshot, id.0, bytes).await;
         Ok(id)
     }
 

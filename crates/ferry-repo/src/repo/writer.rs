@@ -176,7 +176,7 @@ async fn upload(
         .await
         .map_err(|e| RepoError::store("upload pack", &key, e))?;
     if pack.entries.first().is_some_and(|e| e.kind == ObjectKind::TreeBlob) {
-        repo.keep_copy(Cached::TreePack, pack.id.0, bytes);
+        repo.keep_copy(Cached::TreePack, pack.id.0, bytes).await;
     }
     Ok(IndexPack { id: pack.id, size, entries: pack.entries })
 }
@@ -215,7 +215,7 @@ pub(crate) async fn write_index(
         .put_if_absent(&key, bytes.clone(), cancel)
         .await
         .map_err(|e| RepoError::store("write index", &key, e))?;
-    repo.keep_copy(Cached::Index, id.0, bytes);
+    repo.keep_copy(Cached::Index, id.0, bytes).await;
     Ok(id)
 }
 
