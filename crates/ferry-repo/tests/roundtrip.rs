@@ -271,3 +271,49 @@ async fn a_snapshot_forgotten_during_a_listing_or_check_is_simply_gone() -> Test
     assert_eq!(report.snapshots, 1, "only the one snapshot left is checked");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excluded_entries_and_everything_below_them_are_left_out() -> TestResult {
+    let cancel = CancellationToken::new();
+    let (repo, _) = memory_repo().await;
+    let src = tempfile::tempdir()?;
+    let root = src.path();
+    for dir in ["keep/logs", "cache/deep", "a/cache"] {
+        std::fs::create_dir_all(root.join(dir))?;
+    }
+    for file in ["keep/x.txt", "keep/logs/y.log", "top.log", "cache/deep/z", "a/cache/w"] {
+        std::fs::write(root.join(file), file.as_bytes())?;
+    }
+    let options = BackupOptions {
+        exclude: vec!["*.log".into(), "/cache".into()],
+        ..BackupOptions::default()
+    };
+    let summary = backup_tree(&repo, root, &options, None, &cancel).await?;
+    let out = tempfile::tempdir()?;
+    restore(&repo, &summary.snapshot_id, out.path(), &RestoreOptions::default(), None, &cancel)
+        .await?;
+    let mut restored: Vec<String> = walk(out.path());
+    restored.sort();
+    // `/cache` is anchored at the root: `a/cache` stays.
+    assert_eq!(restored, ["a", "a/cache", "a/cache/w", "keep", "keep/logs", "keep/x.txt"]);
+    let bad = BackupOptions { exclude: vec!["[z-a]".into()], ..BackupOptions::default() };
+    let refused = backup_tree(&repo, root, &bad, None, &cancel).await;
+    assert!(matches!(&refused, Err(RepoError::InvalidInput { .. })), "{refused:?}");
+    Ok(())
+}
+
+/// Every path below `root`, relative to it.
+fn walk(root: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read dir") {
+            let path = entry.expect("entry").path();
+            out.push(path.strip_prefix(root).expect("below").display().to_string());
+            if path.is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    out
+}

@@ -194,6 +194,14 @@ pub struct BackupArgs {
     /// Print a JSON summary instead of the snapshot ID.
     #[arg(long)]
     pub json: bool,
+    /// Leave out entries matching this glob (repeatable): a name at any depth (`*.log`,
+    /// `node_modules`) or, with a `/`, a path from PATH (`/tmp`, `cache/**/*.bin`).
+    #[arg(long, value_name = "PATTERN")]
+    pub exclude: Vec<String>,
+    /// Read more exclude patterns from FILE, one per line (blank lines and `#` comments
+    /// skipped).
+    #[arg(long, value_name = "FILE")]
+    pub exclude_file: Option<PathBuf>,
     /// Back up PATH, a regular file, as a volume image (block devices always are volumes).
     #[arg(long)]
     pub volume: bool,

@@ -114,7 +114,15 @@ struct BackupJson {
 }
 
 pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
+    let exclude = exclude_patterns(args)?;
     if crate::volume_cmds::is_volume_source(&args.path, args.volume)? {
+        if !exclude.is_empty() {
+            anyhow::bail!(
+                "{} is backed up as a volume (whole device or image): --exclude applies to \
+                 directories only",
+                args.path.display()
+            );
+        }
         return crate::volume_cmds::backup(args, cancel).await;
     }
     let repo = open_repo(&args.repo, cancel).await?;
@@ -133,6 +141,7 @@ pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Re
         tags: args.tags.clone(),
         source: source.display().to_string(),
         compression_level: args.compression.unwrap_or(BackupOptions::default().compression_level),
+        exclude,
         ..BackupOptions::default()
     };
     let (report, bar) = progress::reporter("backup");
@@ -174,6 +183,22 @@ pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Re
         println!("{}", summary.snapshot_id);
     }
     Ok(())
+}
+
+/// `--exclude` patterns and those of `--exclude-file`.
+fn exclude_patterns(args: &BackupArgs) -> anyhow::Result<Vec<String>> {
+    let mut patterns = args.exclude.clone();
+    if let Some(file) = &args.exclude_file {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("reading exclude file {}", file.display()))?;
+        patterns.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(str::to_owned),
+        );
+    }
+    Ok(patterns)
 }
 
 pub async fn restore(args: &RestoreArgs, cancel: &CancellationToken) -> anyhow::Result<()> {

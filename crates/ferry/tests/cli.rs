@@ -572,3 +572,47 @@ fn forget_by_policy_keeps_per_source_shows_a_dry_run_and_leaves_velero_snapshots
     want.sort();
     assert_eq!(left, want);
 }
+
+#[test]
+fn backup_excludes_patterns_from_flags_and_a_file_and_refuses_bad_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = format!("file://{}", dir.path().join("repo").display());
+    let src = dir.path().join("src");
+    make_tree(&src);
+    std::fs::write(src.join("sub/deeper/skip.tmp"), b"scratch").expect("write");
+    let patterns = dir.path().join("excludes");
+    std::fs::write(&patterns, "# scratch files\n\n*.tmp\n").expect("write");
+    let (src_arg, patterns_arg) = (src.to_str().expect("utf-8"), patterns.to_str().expect("utf-8"));
+    ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
+    let out = ok(&ferry(
+        &[],
+        &[
+            "backup",
+            "--repo",
+            &repo,
+            "--exclude",
+            "/sub/big.bin",
+            "--exclude-file",
+            patterns_arg,
+            src_arg,
+        ],
+    ));
+    let id = out.lines().last().expect("snapshot id").to_owned();
+    let listed = ok(&ferry(&[], &["ls", "--repo", &repo, "--recursive", "--json", &id]));
+    let paths: Vec<String> = listed
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON line"))
+        .filter_map(|e| e["path"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(paths, ["/a.txt", "/sub", "/sub/deeper", "/sub/deeper/empty", "/sub/link"]);
+
+    let bad = ferry(&[], &["backup", "--repo", &repo, "--exclude", "{a,b", src_arg]);
+    assert_eq!(bad.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("exclude pattern") && stderr.contains("{a,b"), "{stderr}");
+    let image = dir.path().join("disk.img");
+    std::fs::write(&image, vec![0u8; 1 << 20]).expect("image");
+    let image_arg = image.to_str().expect("utf-8");
+    let volume = ferry(&[], &["backup", "--repo", &repo, "--volume", "--exclude", "x", image_arg]);
+    assert!(String::from_utf8_lossy(&volume.stderr).contains("directories only"), "{volume:?}");
+}

@@ -9,6 +9,7 @@
 //! worker, the packs being uploaded, and the names of the directories on the current path.
 //! The snapshot is written last, after the uploader has stored and indexed every pack.
 
+mod exclude;
 mod files;
 mod meta;
 mod trees;
@@ -48,6 +49,9 @@ pub struct BackupOptions {
     pub compression_level: i32,
     /// File reader threads; 0 picks one per core plus one.
     pub threads: usize,
+    /// Glob patterns of entries to leave out (see `exclude.rs`): a name at any depth
+    /// (`*.log`), or a path from the root (`/tmp`, `cache/**`).
+    pub exclude: Vec<String>,
 }
 
 impl Default for BackupOptions {
@@ -59,6 +63,7 @@ impl Default for BackupOptions {
             hostname: None,
             compression_level: DEFAULT_DATA_LEVEL,
             threads: 0,
+            exclude: Vec::new(),
         }
     }
 }
@@ -94,6 +99,8 @@ pub(crate) struct Shared {
     pub(crate) stop: CancellationToken,
     pub(crate) handle: tokio::runtime::Handle,
     failure: Mutex<Option<RepoError>>,
+    /// Entries left out.
+    pub(crate) excludes: exclude::Excludes,
 }
 
 impl Shared {
@@ -127,7 +134,8 @@ fn now() -> Timestamp {
 /// before it reads the index until its snapshot is stored.
 ///
 /// # Errors
-/// The root cannot be opened; storage failures; a damaged parent snapshot manifest;
+/// [`RepoError::InvalidInput`] for an invalid exclude pattern (before anything is read);
+/// the root cannot be opened; storage failures; a damaged parent snapshot manifest;
 /// [`RepoError::Cancelled`] when `cancel` fires (within about a second);
 /// [`RepoError::LeaseLapsed`] when the lease could not be kept.
 pub async fn backup_tree(
@@ -137,8 +145,10 @@ pub async fn backup_tree(
     progress: Option<ProgressFn>,
     cancel: &CancellationToken,
 ) -> RepoResult<BackupSummary> {
+    let excludes = exclude::Excludes::new(&options.exclude)?;
     let lease = Lease::acquire(repo, WRITER_LEASES, "backup", repo.lease_ttl(), cancel).await?;
-    let result = backup_leased(repo, path, options, progress, &lease.checker(), cancel).await;
+    let result =
+        backup_leased(repo, path, options, excludes, progress, &lease.checker(), cancel).await;
     lease.release().await;
     result
 }
@@ -147,6 +157,7 @@ async fn backup_leased(
     repo: &Repository,
     path: &Path,
     options: &BackupOptions,
+    excludes: exclude::Excludes,
     progress: Option<ProgressFn>,
     lease: &LeaseCheck,
     cancel: &CancellationToken,
@@ -170,6 +181,7 @@ async fn backup_leased(
         stop: stop.clone(),
         handle: tokio::runtime::Handle::current(),
         failure: Mutex::new(None),
+        excludes,
     });
     let floor = parent.as_ref().map_or(0, |p| p.summary.bytes_total);
     let threads = if options.threads == 0 {

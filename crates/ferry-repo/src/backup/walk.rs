@@ -80,6 +80,8 @@ pub(crate) struct Walker<'a> {
     batch: Vec<Event>,
     jobs: crossbeam_channel::Sender<FileJob>,
     hardlinks: HashMap<(u64, u64), u64>,
+    /// Length of the root path plus its separator: what to cut for a path from the root.
+    root_len: usize,
 }
 
 fn io(e: Errno) -> std::io::Error {
@@ -126,6 +128,7 @@ impl<'a> Walker<'a> {
             batch: Vec::with_capacity(EVENT_BATCH),
             jobs,
             hardlinks: HashMap::new(),
+            root_len: 0,
         }
     }
 
@@ -161,6 +164,8 @@ impl<'a> Walker<'a> {
             error: None,
         };
         let names = list(&fd).map_err(|e| RepoError::io("list backup root", root, e))?;
+        self.root_len =
+            root.as_os_str().len() + usize::from(!root.as_os_str().as_bytes().ends_with(b"/"));
         self.emit(Event::Enter(node))?;
         let parent = parent.and_then(ParentDir::new);
         self.walk_dir(Arc::new(fd), root, names, parent)?;
@@ -180,6 +185,14 @@ impl<'a> Walker<'a> {
                 return Err(RepoError::Cancelled);
             }
             let child_path = path.join(OsStr::from_bytes(&name));
+            if !self.shared.excludes.is_empty()
+                && self
+                    .shared
+                    .excludes
+                    .excludes(child_path.as_os_str().as_bytes().get(self.root_len..).unwrap_or(&[]))
+            {
+                continue;
+            }
             let st = match nix::sys::stat::fstatat(
                 dir.as_fd(),
                 name.as_slice(),
