@@ -210,16 +210,7 @@ async fn read_tree_with(
     let loc = index
         .lookup(id)
         .ok_or_else(|| RepoError::MissingBlob { id: *id, referrer: "check".into() })?;
-    let key = layout::pack(&loc.pack)?;
-    let sealed = repo
-        .store()
-        .get_range(&key, u64::from(loc.offset), u64::from(loc.length), cancel)
-        .await
-        .map_err(|e| RepoError::store("read tree blob from pack", &key, e))?;
-    let object = format!("tree blob {id} in pack {key}");
-    let raw = open_blob(repo.keys(), id, loc.kind, &sealed)
-        .map_err(|e| RepoError::corrupt(&object, e))?;
-    crate::format::TreePage::decode(&raw).map_err(|e| RepoError::corrupt(&object, e))
+    repo.read_tree_at(id, &loc, cancel).await
 }
 
 async fn read_data(

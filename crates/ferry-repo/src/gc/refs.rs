@@ -11,8 +11,8 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
-use crate::format::{BlobId, NodeBody, ObjectKind, SnapshotId, TreePage, open_blob};
-use crate::repo::{BlobLocation, Repository, layout};
+use crate::format::{BlobId, NodeBody, SnapshotId, TreePage};
+use crate::repo::{BlobLocation, Repository};
 
 /// Tree pages read at once.
 const TREE_CONCURRENCY: usize = 16;
@@ -139,16 +139,7 @@ async fn read_tree(
 ) -> RepoResult<TreePage> {
     let referrer = format!("snapshot {snapshot}");
     let loc = locate(id).ok_or(RepoError::MissingBlob { id: *id, referrer })?;
-    let key = layout::pack(&loc.pack)?;
-    let sealed = repo
-        .store()
-        .get_range(&key, u64::from(loc.offset), u64::from(loc.length), cancel)
-        .await
-        .map_err(|e| RepoError::store("read tree blob from pack", &key, e))?;
-    let object = format!("tree blob {id} in pack {key}");
-    let raw = open_blob(repo.keys(), id, ObjectKind::TreeBlob, &sealed)
-        .map_err(|e| RepoError::corrupt(&object, e))?;
-    TreePage::decode(&raw).map_err(|e| RepoError::corrupt(&object, e))
+    repo.read_tree_at(id, &loc, cancel).await
 }
 
 #[cfg(test)]

@@ -494,6 +494,26 @@ impl Repository {
         TreePage::decode(&raw).map_err(|e| RepoError::corrupt(format!("tree blob {id}"), e))
     }
 
+    /// Reads, authenticates and decodes the tree page `id` stored at `loc`, straight from the
+    /// store (no index lookup, no cache): for `check` and garbage collection's marking.
+    pub(crate) async fn read_tree_at(
+        &self,
+        id: &BlobId,
+        loc: &BlobLocation,
+        cancel: &CancellationToken,
+    ) -> RepoResult<TreePage> {
+        let key = layout::pack(&loc.pack)?;
+        let sealed = self
+            .store()
+            .get_range(&key, u64::from(loc.offset), u64::from(loc.length), cancel)
+            .await
+            .map_err(|e| RepoError::store("read tree blob from pack", &key, e))?;
+        let object = format!("tree blob {id} in pack {key}");
+        let raw = crate::format::open_blob(self.keys(), id, ObjectKind::TreeBlob, &sealed)
+            .map_err(|e| RepoError::corrupt(&object, e))?;
+        TreePage::decode(&raw).map_err(|e| RepoError::corrupt(&object, e))
+    }
+
     /// Where a blob is stored, loading the index if needed.
     ///
     /// # Errors

@@ -17,14 +17,20 @@ use support::*;
 use tokio_util::sync::CancellationToken;
 
 /// Two snapshots sharing three files; the first is forgotten. Returns the sources.
+///
+/// One reader thread, so files reach packs in walk order (f1, f3, f5, sub/f2, …) and a pack
+/// always mixes the shared files with the forgotten ones (with two, the threads could happen
+/// to pack the shared and the forgotten files apart, leaving nothing to rewrite).
 pub async fn two_snapshots_forget_first(
     repo: &Repository,
     dir: &std::path::Path,
 ) -> (ferry_repo::SnapshotId, std::path::PathBuf) {
     let a = tree(&dir.join("a"), &[1, 2, 3, 4, 5, 6]);
     let b = tree(&dir.join("b"), &[1, 2, 3, 7, 8, 9]);
-    let sa = backup(repo, &a).await;
-    let sb = backup(repo, &b).await;
+    let one_reader = ferry_repo::BackupOptions { threads: 1, ..Default::default() };
+    let cancel = CancellationToken::new();
+    let sa = ferry_repo::backup_tree(repo, &a, &one_reader, None, &cancel).await.unwrap();
+    let sb = ferry_repo::backup_tree(repo, &b, &one_reader, None, &cancel).await.unwrap();
     assert!(sb.bytes_new < sb.bytes_total, "b shares data with a");
     forget(repo, &[sa.snapshot_id], &CancellationToken::new()).await.unwrap();
     (sb.snapshot_id, b)
