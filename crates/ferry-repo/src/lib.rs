@@ -53,7 +53,8 @@ pub use error::{RepoError, RepoResult};
 pub use format::{BlobId, KdfParams, KeyId, Snapshot, SnapshotId, SnapshotKind, Summary};
 pub use progress::{Progress, ProgressFn};
 pub use repo::{
-    BlobLocation, CacheOptions, InitOptions, InitOutcome, KeyDetails, KeyInfo, Repository,
+    BlobLocation, CacheOptions, InitOptions, InitOutcome, KeyDetails, KeyInfo, RepoStats,
+    Repository,
 };
 pub use restore::{MAX_DEPTH, RestoreOptions, RestoreSummary, restore};
 pub use volume::{

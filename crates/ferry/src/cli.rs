@@ -38,6 +38,14 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What the repository holds: snapshots, unique content, packs, and the space saved.
+    Stats {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Back up or restore a PVC through Ferry's agents, without Velero.
     Volume {
         #[command(subcommand)]

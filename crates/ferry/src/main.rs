@@ -16,6 +16,7 @@ mod repo_cmds;
 mod retention;
 mod serve;
 mod snapshot_arg;
+mod stats_cmd;
 mod volume_cmds;
 
 use std::process::ExitCode;
@@ -81,6 +82,7 @@ async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()>
         Command::Restore(args) => repo_cmds::restore(&args, cancel).await,
         Command::Ls(args) => ls_cmd::ls(&args, cancel).await,
         Command::Snapshots { repo, json } => repo_cmds::snapshots(&repo, json, cancel).await,
+        Command::Stats { repo, json } => stats_cmd::stats(&repo, json, cancel).await,
         Command::Check { repo, read_data, read_data_subset } => {
             let options = ferry_repo::CheckOptions {
                 read_data: read_data || read_data_subset.is_some(),

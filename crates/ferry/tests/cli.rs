@@ -616,3 +616,28 @@ fn backup_excludes_patterns_from_flags_and_a_file_and_refuses_bad_ones() {
     let volume = ferry(&[], &["backup", "--repo", &repo, "--volume", "--exclude", "x", image_arg]);
     assert!(String::from_utf8_lossy(&volume.stderr).contains("directories only"), "{volume:?}");
 }
+
+#[test]
+fn stats_count_snapshots_unique_content_and_the_space_they_take() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = format!("file://{}", dir.path().join("repo").display());
+    let src = dir.path().join("src");
+    make_tree(&src);
+    ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
+    for _ in 0..2 {
+        ok(&ferry(&[], &["backup", "--repo", &repo, src.to_str().expect("utf-8")]));
+    }
+    let out = ok(&ferry(&[], &["stats", "--repo", &repo, "--json"]));
+    let stats: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let n = |key: &str| stats[key].as_u64().unwrap_or_else(|| panic!("{key} in {stats}"));
+    assert_eq!((n("snapshots"), n("tree_snapshots"), n("volume_snapshots")), (2, 2, 0));
+    let content = 12 + 3_000_000; // a.txt and sub/big.bin; the rest is empty or a link
+    assert_eq!(n("bytes_backed_up"), 2 * content, "{stats}");
+    assert_eq!(n("data_raw_bytes"), content, "stored once: {stats}");
+    assert!(n("data_stored_bytes") < content, "big.bin compresses: {stats}");
+    assert!(n("tree_blobs") >= 1 && n("packs") >= 2, "{stats}");
+    assert!(n("pack_bytes") >= n("data_stored_bytes") + n("tree_stored_bytes"), "{stats}");
+    let text = ok(&ferry(&[], &["stats", "--repo", &repo]));
+    assert!(text.starts_with("snapshots  2 (2 trees, 0 volumes)"), "{text}");
+    assert!(text.contains("smaller than what was backed up"), "{text}");
+}

@@ -6,6 +6,7 @@ pub(crate) mod index;
 mod keys;
 pub(crate) mod layout;
 mod snapshots;
+mod stats;
 pub(crate) mod writer;
 
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use disk_cache::{Cached, DiskCache};
 pub use index::BlobLocation;
 pub(crate) use index::MemIndex;
 pub use keys::{KeyDetails, KeyInfo};
+pub use stats::RepoStats;
 
 /// How many objects are fetched at once when loading many (index files, snapshots).
 const LOAD_CONCURRENCY: usize = 16;
