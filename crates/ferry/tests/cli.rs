@@ -32,6 +32,15 @@ fn make_tree(root: &Path) {
     std::os::unix::fs::symlink("../a.txt", root.join("sub/link")).expect("symlink");
 }
 
+/// A new file repository `repo` and the tree of `make_tree` at `src`, both under `dir`.
+fn repo_and_tree(dir: &Path) -> (String, std::path::PathBuf) {
+    let repo = format!("file://{}", dir.join("repo").display());
+    let src = dir.join("src");
+    make_tree(&src);
+    ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
+    (repo, src)
+}
+
 fn assert_same_tree(a: &Path, b: &Path) {
     let out =
         Command::new("diff").args(["-r", "--no-dereference"]).arg(a).arg(b).output().expect("diff");
@@ -398,10 +407,7 @@ fn passwords_are_added_removed_and_changed_without_touching_the_data() {
 #[test]
 fn ls_lists_a_snapshot_and_restore_path_takes_part_of_it() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let repo = format!("file://{}", dir.path().join("repo").display());
-    let src = dir.path().join("src");
-    make_tree(&src);
-    ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
+    let (repo, src) = repo_and_tree(dir.path());
     let backup = ok(&ferry(&[], &["backup", "--repo", &repo, src.to_str().expect("utf-8")]));
     let id = backup.lines().last().expect("snapshot id").to_owned();
 
@@ -495,10 +501,7 @@ fn latest_names_the_newest_snapshot_and_parent_latest_the_newest_of_the_same_pat
 #[test]
 fn check_reads_a_subset_of_the_data_when_asked() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let repo = format!("file://{}", dir.path().join("repo").display());
-    let src = dir.path().join("src");
-    make_tree(&src);
-    ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
+    let (repo, src) = repo_and_tree(dir.path());
     ok(&ferry(&[], &["backup", "--repo", &repo, src.to_str().expect("utf-8")]));
     let packs = |out: &str| -> u64 {
         let (_, tail) = out.split_once(" packs (").expect("packs read");
@@ -620,10 +623,7 @@ fn backup_excludes_patterns_from_flags_and_a_file_and_refuses_bad_ones() {
 #[test]
 fn stats_count_snapshots_unique_content_and_the_space_they_take() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let repo = format!("file://{}", dir.path().join("repo").display());
-    let src = dir.path().join("src");
-    make_tree(&src);
-    ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
+    let (repo, src) = repo_and_tree(dir.path());
     for _ in 0..2 {
         ok(&ferry(&[], &["backup", "--repo", &repo, src.to_str().expect("utf-8")]));
     }
