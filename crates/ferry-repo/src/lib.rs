@@ -54,7 +54,7 @@ pub use format::{BlobId, KdfParams, KeyId, Snapshot, SnapshotId, SnapshotKind, S
 pub use progress::{Progress, ProgressFn};
 pub use repo::{
     BlobLocation, CacheOptions, InitOptions, InitOutcome, KeyDetails, KeyInfo, RepoStats,
-    Repository,
+    Repository, hostname,
 };
 pub use restore::{MAX_DEPTH, RestoreOptions, RestoreSummary, restore};
 pub use volume::{

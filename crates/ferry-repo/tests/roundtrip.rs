@@ -278,14 +278,15 @@ async fn excluded_entries_and_everything_below_them_are_left_out() -> TestResult
     let (repo, _) = memory_repo().await;
     let src = tempfile::tempdir()?;
     let root = src.path();
-    for dir in ["keep/logs", "cache/deep", "a/cache"] {
+    for dir in ["keep/logs", "cache/deep", "a/cache", "a/tmp"] {
         std::fs::create_dir_all(root.join(dir))?;
     }
-    for file in ["keep/x.txt", "keep/logs/y.log", "top.log", "cache/deep/z", "a/cache/w"] {
+    let files = ["keep/x.txt", "keep/logs/y.log", "top.log", "cache/deep/z", "a/cache/w"];
+    for file in files.iter().chain(&["keep/tmp", "a/tmp/t"]) {
         std::fs::write(root.join(file), file.as_bytes())?;
     }
     let options = BackupOptions {
-        exclude: vec!["*.log".into(), "/cache".into()],
+        exclude: vec!["*.log".into(), "/cache".into(), "tmp/".into()],
         ..BackupOptions::default()
     };
     let summary = backup_tree(&repo, root, &options, None, &cancel).await?;
@@ -294,8 +295,10 @@ async fn excluded_entries_and_everything_below_them_are_left_out() -> TestResult
         .await?;
     let mut restored: Vec<String> = walk(out.path());
     restored.sort();
-    // `/cache` is anchored at the root: `a/cache` stays.
-    assert_eq!(restored, ["a", "a/cache", "a/cache/w", "keep", "keep/logs", "keep/x.txt"]);
+    // `/cache` is anchored at the root: `a/cache` stays; `tmp/` takes the directory a/tmp,
+    // not the file keep/tmp.
+    let expected = ["a", "a/cache", "a/cache/w", "keep", "keep/logs", "keep/tmp", "keep/x.txt"];
+    assert_eq!(restored, expected);
     let bad = BackupOptions { exclude: vec!["[z-a]".into()], ..BackupOptions::default() };
     let refused = backup_tree(&repo, root, &bad, None, &cancel).await;
     assert!(matches!(&refused, Err(RepoError::InvalidInput { .. })), "{refused:?}");

@@ -73,7 +73,8 @@ pub enum Command {
         #[arg(long)]
         read_data: bool,
         /// Read and authenticate only part of the packs: group N of M (`2/5`; running 1/5 to
-        /// 5/5 reads each pack once) or a random P percent (`10%`).
+        /// 5/5 reads each pack once) or P percent of them drawn at random, rounded up to at
+        /// least one pack (`10%`).
         #[arg(long, value_name = "N/M|P%", conflicts_with = "read_data")]
         read_data_subset: Option<ferry_repo::PackSubset>,
     },
@@ -193,9 +194,13 @@ pub struct BackupArgs {
     #[command(flatten)]
     pub repo: RepoArgs,
     /// Snapshot to compare with: unchanged files are not read again. `latest`: the newest
-    /// snapshot of the same path and kind (a full backup when there is none).
+    /// snapshot of the same path, host and kind (a full backup when there is none).
     #[arg(long, value_name = "SNAPSHOT")]
     pub parent: Option<String>,
+    /// The host name recorded in the snapshot (and matched by `--parent latest`); default:
+    /// this machine's.
+    #[arg(long, value_name = "NAME")]
+    pub host: Option<String>,
     /// Tag the snapshot (repeatable).
     #[arg(long = "tag", value_name = "K=V", value_parser = parse_tag)]
     pub tags: Vec<(String, String)>,
@@ -203,7 +208,8 @@ pub struct BackupArgs {
     #[arg(long)]
     pub json: bool,
     /// Leave out entries matching this glob (repeatable): a name at any depth (`*.log`,
-    /// `node_modules`) or, with a `/`, a path from PATH (`/tmp`, `cache/**/*.bin`).
+    /// `node_modules`) or, with a `/`, a path from PATH (`/tmp`, `cache/**/*.bin`); a
+    /// trailing `/` matches directories only (`logs/`).
     #[arg(long, value_name = "PATTERN")]
     pub exclude: Vec<String>,
     /// Read more exclude patterns from FILE, one per line (blank lines and `#` comments

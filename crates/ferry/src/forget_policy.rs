@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use ferry_repo::{Repository, Snapshot, SnapshotId};
+use jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 
 use crate::retention::{Candidate, Policy, Reasons, apply};
@@ -30,6 +31,9 @@ impl Plan {
     }
 }
 
+/// A snapshot with its time read.
+type Dated = (SnapshotId, Snapshot, Timestamp);
+
 /// Applies `policy` to every group of snapshots (only `source`'s, when given). Velero's
 /// snapshots (made for a DataUpload) and damaged manifests are left alone.
 pub(crate) async fn plan(
@@ -42,9 +46,13 @@ pub(crate) async fn plan(
     for e in &damaged {
         eprintln!("forget: left alone, unreadable: {e}");
     }
-    let mut groups: BTreeMap<(String, String), Vec<(SnapshotId, Snapshot)>> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, String), Vec<Dated>> = BTreeMap::new();
     let mut velero = 0;
     for (id, snapshot) in readable {
+        let Some(time) = time_of(&snapshot) else {
+            eprintln!("forget: left alone, its time is out of range: snapshot {id}");
+            continue;
+        };
         if snapshot.tags.iter().any(|(k, _)| k == ferry_mover::DATA_UPLOAD_TAG) {
             velero += 1;
             continue;
@@ -53,9 +61,12 @@ pub(crate) async fn plan(
             continue;
         }
         let key = (snapshot.source.clone(), snapshot.hostname.clone());
-        groups.entry(key).or_default().push((id, snapshot));
+        groups.entry(key).or_default().push((id, snapshot, time));
     }
     let mut plan = Plan { forget: Vec::new(), keep: Vec::new(), lines: Vec::new() };
+    if let Some(span) = policy.within {
+        plan.lines.push(format!("keeping every snapshot within {span:#} of its group's newest"));
+    }
     if let Some(source) = source
         && groups.is_empty()
     {
@@ -63,17 +74,16 @@ pub(crate) async fn plan(
     }
     for ((source, host), snapshots) in groups {
         let candidates: Vec<Candidate<'_>> =
-            snapshots.iter().map(|(_, s)| Candidate { time: time_of(s), tags: &s.tags }).collect();
+            snapshots.iter().map(|(_, s, time)| Candidate { time: *time, tags: &s.tags }).collect();
         let reasons = apply(policy, &candidates).map_err(anyhow::Error::msg)?;
         let kept = reasons.iter().filter(|r| !r.is_empty()).count();
         plan.lines
             .push(format!("{source} on {host}: keeping {kept} of {} snapshots", snapshots.len()));
         // Newest first, as people read retention.
         let mut rows: Vec<_> = snapshots.iter().zip(reasons).collect();
-        rows.sort_by_key(|row| std::cmp::Reverse(row.0.1.time));
-        for ((id, s), reasons) in rows {
+        rows.sort_by_key(|row| std::cmp::Reverse(row.0.2));
+        for ((id, _, when), reasons) in rows {
             let short = &id.to_hex()[..16];
-            let when = time_of(s);
             if reasons.is_empty() {
                 plan.lines.push(format!("  forget {short}  {when}"));
                 plan.forget.push(*id);
@@ -92,7 +102,9 @@ pub(crate) async fn plan(
     Ok(plan)
 }
 
-fn time_of(s: &Snapshot) -> jiff::Timestamp {
-    let nsec = i32::try_from(s.time.nsec).unwrap_or(0);
-    jiff::Timestamp::new(s.time.sec, nsec).unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+/// The snapshot's time; `None` when out of range (such a snapshot is left alone rather than
+/// taken for the oldest).
+fn time_of(s: &Snapshot) -> Option<Timestamp> {
+    let nsec = i32::try_from(s.time.nsec).ok()?;
+    Timestamp::new(s.time.sec, nsec).ok()
 }

@@ -50,7 +50,7 @@ pub struct PolicyArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub keep_yearly: u32,
     /// Keep every snapshot at most this long before the group's newest (e.g. `14d`,
-    /// `2 weeks`, `6 months`).
+    /// `2 weeks`, `6mo`, `1y`; months are `mo`, minutes `min`).
     #[arg(long, value_name = "SPAN", value_parser = parse_span)]
     pub keep_within: Option<jiff::Span>,
     /// Keep every snapshot with this tag (repeatable).
@@ -80,6 +80,13 @@ impl PolicyArgs {
 }
 
 fn parse_span(text: &str) -> Result<jiff::Span, String> {
+    // A bare `m` is minutes to jiff but months to restic's --keep-within: refuse to guess
+    // (`6m` read as minutes would forget six months of snapshots).
+    if text.split(|c: char| !c.is_ascii_alphabetic()).any(|unit| unit == "m") {
+        return Err(format!(
+            "{text:?}: write `mo` for months or `min` for minutes (a bare `m` could be either)"
+        ));
+    }
     match text.parse::<jiff::Span>() {
         Ok(span) if span.is_negative() => Err(format!("{text:?} is a negative span")),
         Ok(span) => Ok(span),
@@ -279,4 +286,25 @@ pub async fn gc(args: &GcArgs, cancel: &CancellationToken) -> anyhow::Result<()>
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_span;
+
+    #[test]
+    fn spans_read_as_written_and_a_bare_m_is_refused() {
+        let months = parse_span("6mo").expect("months");
+        assert_eq!((months.get_months(), months.get_minutes()), (6, 0));
+        let minutes = parse_span("90min").expect("minutes");
+        assert_eq!((minutes.get_months(), minutes.get_minutes()), (0, 90));
+        assert_eq!(parse_span("2 weeks").expect("weeks").get_weeks(), 2);
+        assert_eq!(parse_span("14d").expect("days").get_days(), 14);
+        for ambiguous in ["6m", "1y6m", "1h30m", "6 m"] {
+            let e = parse_span(ambiguous).expect_err(ambiguous);
+            assert!(e.contains("`mo` for months"), "{ambiguous}: {e}");
+        }
+        assert!(parse_span("-3d").expect_err("negative").contains("negative"));
+        assert!(parse_span("soon").expect_err("not a span").contains("not a span"));
+    }
 }

@@ -3,8 +3,8 @@
 
 use std::io::Write;
 
-use ferry_repo::RepoError;
 use ferry_repo::format::{Node, NodeBody};
+use ferry_repo::{RepoError, SnapshotKind};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -115,7 +115,8 @@ fn print(
 
 pub async fn ls(args: &LsArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
     let repo = open_repo(&args.repo, cancel).await?;
-    let id = crate::snapshot_arg::find(&repo, &args.snapshot, cancel).await?;
+    let id =
+        crate::snapshot_arg::find(&repo, &args.snapshot, Some(SnapshotKind::Tree), cancel).await?;
     let snapshot = repo.load_snapshot(&id, cancel).await?;
     if !matches!(snapshot.root.body, NodeBody::Dir { .. }) {
         anyhow::bail!("snapshot {id} is a volume snapshot: it has no files to list");

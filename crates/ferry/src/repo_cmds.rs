@@ -1,5 +1,6 @@
 //! The repository commands: `repo init`, `backup`, `restore`, `snapshots`, `check`.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -128,10 +129,13 @@ pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Re
     let repo = open_repo(&args.repo, cancel).await?;
     let source = std::fs::canonicalize(&args.path)
         .with_context(|| format!("backup source {}", args.path.display()))?;
+    warn_of_absolute_excludes(&exclude, &source);
+    let host = args.host.clone().unwrap_or_else(ferry_repo::hostname);
     let parent = crate::snapshot_arg::find_parent(
         &repo,
         args.parent.as_deref(),
         &source.display().to_string(),
+        &host,
         SnapshotKind::Tree,
         cancel,
     )
@@ -140,6 +144,7 @@ pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Re
         parent,
         tags: args.tags.clone(),
         source: source.display().to_string(),
+        hostname: Some(host),
         compression_level: args.compression.unwrap_or(BackupOptions::default().compression_level),
         exclude,
         ..BackupOptions::default()
@@ -201,9 +206,26 @@ fn exclude_patterns(args: &BackupArgs) -> anyhow::Result<Vec<String>> {
     Ok(patterns)
 }
 
+/// Patterns with `/` start at the backup root; one spelled as an absolute path under the root
+/// (`/home/alice/.cache` when backing up `/home`) would match nothing, so say how to write it.
+fn warn_of_absolute_excludes(patterns: &[String], source: &Path) {
+    let root = source.display().to_string();
+    if root == "/" {
+        return;
+    }
+    for pattern in patterns {
+        if let Some(rest) = pattern.strip_prefix(&root).and_then(|r| r.strip_prefix('/')) {
+            eprintln!(
+                "ferry: warning: exclude pattern {pattern:?} is read from the backup root \
+                 {root}; for the path it names, write \"/{rest}\""
+            );
+        }
+    }
+}
+
 pub async fn restore(args: &RestoreArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
     let repo = open_repo(&args.repo, cancel).await?;
-    let id: SnapshotId = crate::snapshot_arg::find(&repo, &args.snapshot, cancel).await?;
+    let id: SnapshotId = crate::snapshot_arg::find(&repo, &args.snapshot, None, cancel).await?;
     // A path inside the snapshot only exists in a tree; the library says so for a volume.
     if args.path.is_none()
         && crate::volume_cmds::restore_if_volume(&repo, &id, args, cancel).await?

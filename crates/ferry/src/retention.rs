@@ -149,6 +149,10 @@ mod tests {
         let weekly = Policy { weekly: 5, ..Policy::default() };
         let times = ["2026-01-05T00:00:00Z", "2026-01-04T23:59:59Z", "2026-01-01T00:00:00Z"];
         assert_eq!(kept(&weekly, &times), [true, true, false]);
+        // Monday 2025-12-29 opens ISO week 2026-W01 (with New Year's Day); Sunday the 28th
+        // closes 2025-W52.
+        let times = ["2026-01-01T00:00:00Z", "2025-12-29T00:00:00Z", "2025-12-28T23:59:59Z"];
+        assert_eq!(kept(&weekly, &times), [true, false, true]);
         let monthly = Policy { monthly: 5, ..Policy::default() };
         let times = ["2026-02-01T00:00:00Z", "2026-01-31T23:59:59Z", "2026-01-01T00:00:00Z"];
         assert_eq!(kept(&monthly, &times), [true, true, false]);

@@ -78,12 +78,27 @@ pub async fn stats(args: &RepoArgs, json: bool, cancel: &CancellationToken) -> a
     Ok(())
 }
 
-/// ` (2.50× what)` when both sides are non-zero.
+/// ` (2.50× what)` when `a` is at least `b` and `b` is non-zero (less would read as "0.40×
+/// smaller": after `forget` and before `gc`, or with incompressible data, say nothing).
 fn ratio(a: u64, b: u64, what: &str) -> String {
-    if a == 0 || b == 0 {
+    if b == 0 || a < b {
         return String::new();
     }
     #[allow(clippy::cast_precision_loss)] // Display only.
     let r = a as f64 / b as f64;
     format!(" ({r:.2}× {what})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ratio;
+
+    #[test]
+    fn a_ratio_is_shown_only_when_it_is_a_saving() {
+        assert_eq!(ratio(500, 200, "smaller"), " (2.50× smaller)");
+        assert_eq!(ratio(200, 200, "smaller"), " (1.00× smaller)");
+        assert_eq!(ratio(200, 500, "smaller"), "");
+        assert_eq!(ratio(0, 0, "smaller"), "");
+        assert_eq!(ratio(5, 0, "smaller"), "");
+    }
 }

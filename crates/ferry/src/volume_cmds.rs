@@ -54,10 +54,12 @@ pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Re
     let repo = open_repo(&args.repo, cancel).await?;
     let source = std::fs::canonicalize(&args.path)
         .with_context(|| format!("backup source {}", args.path.display()))?;
+    let host = args.host.clone().unwrap_or_else(ferry_repo::hostname);
     let parent = crate::snapshot_arg::find_parent(
         &repo,
         args.parent.as_deref(),
         &source.display().to_string(),
+        &host,
         ferry_repo::SnapshotKind::Volume,
         cancel,
     )
@@ -66,6 +68,7 @@ pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Re
         parent,
         tags: args.tags.clone(),
         source: source.display().to_string(),
+        hostname: Some(host),
         compression_level: args
             .compression
             .unwrap_or(VolumeBackupOptions::default().compression_level),

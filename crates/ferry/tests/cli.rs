@@ -480,8 +480,10 @@ fn latest_names_the_newest_snapshot_and_parent_latest_the_newest_of_the_same_pat
     let (first_a, said) = backup(a_arg);
     assert!(said.contains("no earlier snapshot of"), "{said}");
     let (first_b, _) = backup(b_arg);
+    // The same path backed up by another host is not a parent: its files are other files.
+    ok(&ferry(&[], &["backup", "--repo", &repo, "--host", "elsewhere", a_arg]));
     let (second_a, said) = backup(a_arg);
-    assert!(!said.contains("no earlier snapshot"), "{said}");
+    assert!(said.contains(&format!("parent is {} ({a_arg} on ", &first_a[..16])), "{said}");
     let listed: Vec<serde_json::Value> =
         serde_json::from_str(&ok(&ferry(&[], &["snapshots", "--repo", &repo, "--json"])))
             .expect("JSON");
@@ -489,9 +491,15 @@ fn latest_names_the_newest_snapshot_and_parent_latest_the_newest_of_the_same_pat
         listed.iter().find(|s| s["id"] == id).map(|s| s["parent"].clone()).expect("listed")
     };
     assert_eq!(parent_of(&first_b), serde_json::Value::Null, "b has no earlier snapshot");
-    assert_eq!(parent_of(&second_a), first_a.as_str(), "the newest of the same path, not b's");
+    assert_eq!(
+        parent_of(&second_a),
+        first_a.as_str(),
+        "the newest of the same path and host, not b's or the other host's"
+    );
 
-    let top = ok(&ferry(&[], &["ls", "--repo", &repo, "latest"]));
+    let top = ferry(&[], &["ls", "--repo", &repo, "latest"]);
+    assert!(String::from_utf8_lossy(&top.stderr).contains(&second_a[..16]), "{top:?}");
+    let top = ok(&top);
     assert!(top.contains("/sub"), "latest is a's second snapshot: {top}");
     let out = dir.path().join("out");
     ok(&ferry(&[], &["restore", "--repo", &repo, "latest", out.to_str().expect("utf-8")]));
@@ -517,6 +525,8 @@ fn check_reads_a_subset_of_the_data_when_asked() {
         })
         .sum();
     assert_eq!(halves, packs(&whole), "{whole}");
+    let tiny = ok(&ferry(&[], &["check", "--repo", &repo, "--read-data-subset", "0.01%"]));
+    assert_eq!(packs(&tiny), 1, "a share rounds up to at least one pack: {tiny}");
     let out = ferry(&[], &["check", "--repo", &repo, "--read-data-subset", "3/2"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("N must be between 1 and M"), "{out:?}");
@@ -552,6 +562,11 @@ fn forget_by_policy_keeps_per_source_shows_a_dry_run_and_leaves_velero_snapshots
     assert!(String::from_utf8_lossy(&both.stderr).contains("not both"), "{both:?}");
     let bad = ferry(&[], &["forget", "--repo", &repo, "--keep-within", "soon"]);
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not a span"), "{bad:?}");
+    let ambiguous = ferry(&[], &["forget", "--repo", &repo, "--keep-within", "6m"]);
+    assert_eq!(ambiguous.status.code(), Some(2), "{ambiguous:?}");
+    assert!(String::from_utf8_lossy(&ambiguous.stderr).contains("`mo` for months"));
+    let within = ok(&ferry(&[], &["forget", "--repo", &repo, "--keep-within", "6mo", "--dry-run"]));
+    assert!(within.contains("within 6mo of its group's newest"), "{within}");
 
     let dry = ok(&ferry(&[], &["forget", "--repo", &repo, "--keep-last", "2", "--dry-run"]));
     assert!(dry.contains(&format!("{a_arg} on ")), "{dry}");
@@ -608,6 +623,13 @@ fn backup_excludes_patterns_from_flags_and_a_file_and_refuses_bad_ones() {
         .filter_map(|e| e["path"].as_str().map(str::to_owned))
         .collect();
     assert_eq!(paths, ["/a.txt", "/sub", "/sub/deeper", "/sub/deeper/empty", "/sub/link"]);
+
+    let canonical = std::fs::canonicalize(&src).expect("canonical source");
+    let absolute = format!("{}/sub/big.bin", canonical.display());
+    let warned = ferry(&[], &["backup", "--repo", &repo, "--exclude", &absolute, src_arg]);
+    ok(&warned);
+    let stderr = String::from_utf8_lossy(&warned.stderr);
+    assert!(stderr.contains("write \"/sub/big.bin\""), "{stderr}");
 
     let bad = ferry(&[], &["backup", "--repo", &repo, "--exclude", "{a,b", src_arg]);
     assert_eq!(bad.status.code(), Some(1));

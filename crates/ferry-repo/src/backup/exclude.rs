@@ -2,8 +2,9 @@
 //!
 //! A pattern without `/` matches an entry's name at any depth (`*.log`, `node_modules`); one
 //! with `/` matches the path from the backup root (`/tmp`, `cache/**/*.bin`; a leading `/` is
-//! optional). `*` and `?` never match `/`, `**` matches any number of directories, `[abc]`
-//! and `{a,b}` work as in shells.
+//! optional). A trailing `/` matches directories only (`logs/`). `*` and `?` never match
+//! `/`, `**` matches any number of directories, `[abc]` and `{a,b}` work as in shells. A
+//! leading `!` (re-including, in some tools) is refused rather than taken as a name.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -16,7 +17,10 @@ use crate::error::{RepoError, RepoResult};
 /// Compiled exclude patterns.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Excludes {
-    set: Option<GlobSet>,
+    /// Patterns for any entry.
+    any: Option<GlobSet>,
+    /// Patterns written with a trailing `/`: directories only.
+    dirs: Option<GlobSet>,
 }
 
 impl Excludes {
@@ -28,12 +32,20 @@ impl Excludes {
         if patterns.is_empty() {
             return Ok(Self::default());
         }
-        let mut set = GlobSetBuilder::new();
+        let (mut any, mut dirs) = (GlobSetBuilder::new(), GlobSetBuilder::new());
+        let (mut any_count, mut dirs_count) = (0, 0);
         for pattern in patterns {
             let invalid = |reason: String| RepoError::InvalidInput {
                 what: "exclude pattern",
                 reason: format!("{pattern:?}: {reason}"),
             };
+            if pattern.starts_with('!') {
+                return Err(invalid(
+                    "re-including with `!` is not supported; write patterns that exclude only \
+                     what should be left out (`\\!` for a name starting with `!`)"
+                        .into(),
+                ));
+            }
             let trimmed = pattern.trim_end_matches('/');
             if trimmed.is_empty() {
                 return Err(invalid("excludes everything; back up nothing instead".into()));
@@ -48,24 +60,46 @@ impl Excludes {
                 .backslash_escape(true)
                 .build()
                 .map_err(|e| invalid(e.kind().to_string()))?;
-            set.add(glob);
+            if trimmed.len() < pattern.len() {
+                dirs.add(glob);
+                dirs_count += 1;
+            } else {
+                any.add(glob);
+                any_count += 1;
+            }
         }
-        let set = set.build().map_err(|e| RepoError::InvalidInput {
-            what: "exclude pattern",
-            reason: e.to_string(),
-        })?;
-        Ok(Self { set: Some(set) })
+        let build = |set: GlobSetBuilder, count: usize| -> RepoResult<Option<GlobSet>> {
+            if count == 0 {
+                return Ok(None);
+            }
+            let set = set.build().map_err(|e| RepoError::InvalidInput {
+                what: "exclude pattern",
+                reason: e.to_string(),
+            })?;
+            Ok(Some(set))
+        };
+        Ok(Self { any: build(any, any_count)?, dirs: build(dirs, dirs_count)? })
     }
 
-    /// Whether the entry at `relative` (from the backup root, no leading `/`) is left out.
+    /// Whether the entry at `relative` (from the backup root, no leading `/`) is left out
+    /// whatever it is.
     pub(crate) fn excludes(&self, relative: &[u8]) -> bool {
-        self.set.as_ref().is_some_and(|s| s.is_match(Path::new(OsStr::from_bytes(relative))))
+        matches(self.any.as_ref(), relative)
+    }
+
+    /// Whether the directory at `relative` is left out (by a pattern ending in `/`).
+    pub(crate) fn excludes_dir(&self, relative: &[u8]) -> bool {
+        matches(self.dirs.as_ref(), relative)
     }
 
     /// Whether there are any patterns.
     pub(crate) fn is_empty(&self) -> bool {
-        self.set.is_none()
+        self.any.is_none() && self.dirs.is_none()
     }
+}
+
+fn matches(set: Option<&GlobSet>, relative: &[u8]) -> bool {
+    set.is_some_and(|s| s.is_match(Path::new(OsStr::from_bytes(relative))))
 }
 
 #[cfg(test)]
@@ -88,10 +122,13 @@ mod tests {
             "tmp",
             "cache/a.bin",
             "cache/d/e/f.bin",
-            "data/raw",
         ] {
             assert!(e.excludes(hit.as_bytes()), "{hit}");
         }
+        assert!(
+            e.excludes_dir(b"data/raw") && !e.excludes(b"data/raw"),
+            "a trailing / is dirs only"
+        );
         for miss in
             ["a.logs", "x/tmp", "tmpfile", "cache/a.txt", "other/cache/a.bin", "data/raw2", "log"]
         {
@@ -105,10 +142,18 @@ mod tests {
     fn star_does_not_cross_directories_and_bad_patterns_are_named() {
         let e = excludes(&["/a/*"]);
         assert!(e.excludes(b"a/b") && !e.excludes(b"a/b/c"));
-        for bad in ["[z-a]", "{a,b", "/", ""] {
+        for bad in ["[z-a]", "{a,b", "/", "", "!keep", "!/data/keep"] {
             let err = Excludes::new(&[bad.to_owned()]).expect_err(bad).to_string();
             assert!(err.contains("exclude pattern"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_literal_bang_is_escaped_and_dir_patterns_leave_files_alone() {
+        let e = excludes(&["\\!important", "logs/"]);
+        assert!(e.excludes(b"x/!important"));
+        assert!(e.excludes_dir(b"a/logs") && !e.excludes(b"a/logs"));
+        assert!(!e.is_empty() && !excludes(&["logs/"]).is_empty());
     }
 
     #[test]

@@ -185,12 +185,9 @@ impl<'a> Walker<'a> {
                 return Err(RepoError::Cancelled);
             }
             let child_path = path.join(OsStr::from_bytes(&name));
-            if !self.shared.excludes.is_empty()
-                && self
-                    .shared
-                    .excludes
-                    .excludes(child_path.as_os_str().as_bytes().get(self.root_len..).unwrap_or(&[]))
-            {
+            let excludes = &self.shared.excludes;
+            let relative = child_path.as_os_str().as_bytes().get(self.root_len..).unwrap_or(&[]);
+            if !excludes.is_empty() && excludes.excludes(relative) {
                 continue;
             }
             let st = match nix::sys::stat::fstatat(
@@ -206,6 +203,9 @@ impl<'a> Walker<'a> {
                     continue;
                 }
             };
+            if file_type(&st) == libc::S_IFDIR && excludes.excludes_dir(relative) {
+                continue;
+            }
             let previous = parent.as_mut().and_then(|p| p.find(self.shared, &name));
             self.entry(&dir, name, &child_path, &st, previous)?;
         }

@@ -191,11 +191,17 @@ pub async fn check(
     }
     report.data_blobs = seen_data.len() as u64;
     if options.read_data {
-        let chosen: HashMap<PackId, u64> = stored
-            .iter()
-            .filter(|(id, _)| options.subset.is_none_or(|s| s.selects(id)))
-            .map(|(id, size)| (*id, *size))
-            .collect();
+        let chosen: HashMap<PackId, u64> = match options.subset {
+            None => stored.clone(),
+            Some(subset) => {
+                let all: Vec<PackId> = stored.keys().copied().collect();
+                let picked = subset.pick(&all).map_err(|e| RepoError::InvalidInput {
+                    what: "read-data subset",
+                    reason: e.to_string(),
+                })?;
+                picked.into_iter().map(|id| (id, stored[&id])).collect()
+            }
+        };
         read_data(repo, &chosen, &indexed, &mut report, &counters, cancel).await?;
     }
     Ok(report)

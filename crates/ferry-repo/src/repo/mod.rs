@@ -75,7 +75,10 @@ struct Inner {
     lease_ttl_ms: std::sync::atomic::AtomicU64,
 }
 
-pub(crate) fn hostname() -> String {
+/// This machine's host name (empty when the kernel does not say), recorded in snapshots and
+/// key files.
+#[must_use]
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_owned())
         .unwrap_or_default()
