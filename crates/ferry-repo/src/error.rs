@@ -147,6 +147,20 @@ pub enum RepoError {
         /// Why removing it failed.
         source: Box<RepoError>,
     },
+    /// A password change stored its new key file but could not prove it, nor remove it
+    /// again: the old password still works; the new key may or may not.
+    #[error(
+        "the new key file {new} was stored but could not be checked ({cause}), and removing it \
+         failed too ({cleanup}); the old password still works"
+    )]
+    NewKeyLeft {
+        /// The new key file.
+        new: String,
+        /// Why checking it failed.
+        cause: Box<RepoError>,
+        /// Why removing it failed.
+        cleanup: Box<RepoError>,
+    },
     /// A backup worker could not hand a pack on because the uploader had stopped; the
     /// uploader's own error says why, and is what the backup reports.
     #[error("the pack uploader stopped")]

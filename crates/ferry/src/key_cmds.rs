@@ -124,9 +124,18 @@ pub async fn passwd(
             println!("changed the password: key {id} replaces key {old}");
             Ok(())
         }
-        Err(e @ RepoError::OldKeyKept { .. }) => Err(anyhow::Error::new(e).context(format!(
-            "remove the old key with `ferry repo key remove {old}` and the new password"
-        ))),
-        Err(e) => Err(anyhow::Error::new(e).context("changing the password (nothing changed)")),
+        Err(e) => {
+            let hint = match &e {
+                RepoError::OldKeyKept { .. } => format!(
+                    "remove the old key with `ferry repo key remove {old}` and the new password"
+                ),
+                RepoError::NewKeyLeft { new, .. } => format!(
+                    "changing the password: remove the unchecked key with `ferry repo key \
+                     remove {new}`"
+                ),
+                _ => "changing the password (nothing changed)".to_owned(),
+            };
+            Err(anyhow::Error::new(e).context(hint))
+        }
     }
 }

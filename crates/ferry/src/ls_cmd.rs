@@ -119,7 +119,7 @@ pub async fn ls(args: &LsArgs, cancel: &CancellationToken) -> anyhow::Result<()>
         crate::snapshot_arg::find(&repo, &args.snapshot, Some(SnapshotKind::Tree), cancel).await?;
     let snapshot = repo.load_snapshot(&id, cancel).await?;
     if !matches!(snapshot.root.body, NodeBody::Dir { .. }) {
-        anyhow::bail!("snapshot {id} is a volume snapshot: it has no files to list");
+        anyhow::bail!("snapshot {id} is not a directory snapshot: it has no files to list");
     }
     let node = ferry_repo::browse::find_node(&repo, &snapshot, &args.path, cancel).await?;
     let shown = std::path::Path::new("/").join(

@@ -125,11 +125,13 @@ fn failures_exit_non_zero_with_a_one_line_cause() {
     let dir = tempfile::tempdir().expect("tempdir");
     let repo = format!("file://{}", dir.path().join("repo").display());
     ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
+    let never = dir.path().join("never");
+    let never_arg = never.to_str().expect("utf-8");
 
     let cases: [FailureCase<'_>; 4] = [
         (&[("FERRY_PASSWORD", "wrong")], vec!["snapshots", "--repo", &repo], "wrong password"),
         (&[], vec!["snapshots", "--repo", "file:///nonexistent/ferry-repo"], "does not exist"),
-        (&[], vec!["restore", "--repo", &repo, "deadbeef", "/tmp/ferry-never"], "deadbeef"),
+        (&[], vec!["restore", "--repo", &repo, "deadbeef", never_arg], "deadbeef"),
         (
             &[("FERRY_S3_ENDPOINT", "http://127.0.0.1:9"), ("FERRY_S3_REGION", "us-east-1")],
             vec!["snapshots", "--repo", "s3://nobucket/x"],
@@ -144,7 +146,7 @@ fn failures_exit_non_zero_with_a_one_line_cause() {
         assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
         assert!(lines[0].contains(expected), "{args:?}: expected {expected:?} in {stderr}");
     }
-    assert!(!Path::new("/tmp/ferry-never").exists(), "a failed restore must not create its target");
+    assert!(!never.exists(), "a failed restore must not create its target");
 }
 
 fn dir_bytes(p: &Path) -> u64 {
@@ -451,10 +453,11 @@ fn ls_lists_a_snapshot_and_restore_path_takes_part_of_it() {
     ));
     assert_eq!(std::fs::read(part.join("a.txt")).expect("restored file"), b"hello ferry\n");
     assert!(part.join("big.bin").exists(), "restoring one file removed its neighbours");
-    let out =
-        ferry(&[], &["restore", "--repo", &repo, "--path", "../etc", &id, "/tmp/ferry-never"]);
+    let never = dir.path().join("never");
+    let never_arg = never.to_str().expect("utf-8");
+    let out = ferry(&[], &["restore", "--repo", &repo, "--path", "../etc", &id, never_arg]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("`..`"), "{out:?}");
-    assert!(!Path::new("/tmp/ferry-never").exists());
+    assert!(!never.exists());
 }
 
 #[test]
@@ -467,7 +470,8 @@ fn latest_names_the_newest_snapshot_and_parent_latest_the_newest_of_the_same_pat
     std::fs::write(b.join("other.txt"), b"another source\n").expect("write");
     let (a_arg, b_arg) = (a.to_str().expect("utf-8"), b.to_str().expect("utf-8"));
     ok(&ferry(&[], &["repo", "init", "--repo", &repo]));
-    let out = ferry(&[], &["restore", "--repo", &repo, "latest", "/tmp/ferry-never"]);
+    let never = dir.path().join("never");
+    let out = ferry(&[], &["restore", "--repo", &repo, "latest", never.to_str().expect("utf-8")]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no snapshots yet"), "{out:?}");
 

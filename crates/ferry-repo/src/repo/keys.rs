@@ -47,7 +47,11 @@ impl Repository {
     /// The key file this handle was opened (or the repository created) with.
     #[must_use]
     pub fn key_id(&self) -> KeyId {
-        *self.inner.key_id.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.own_key().0
+    }
+
+    fn own_key(&self) -> (KeyId, Bytes) {
+        self.inner.own_key.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// Lists the key files, oldest first. A key file that cannot be read or decoded is listed
@@ -128,14 +132,21 @@ impl Repository {
         Ok(id)
     }
 
-    /// Removes a key file. Refuses the last one, and the one this handle was opened with
-    /// (change that password with [`Repository::change_password`] instead).
+    /// Removes a key file other than the one this handle was opened with (change that
+    /// password with [`Repository::change_password`] instead), and only while that one is
+    /// still there, so a key that opens the repository always remains.
+    ///
+    /// Two processes removing each other's keys at once would otherwise leave none: so after
+    /// the delete the keys are listed again, and if this handle's own key has gone meanwhile
+    /// it is put back (same bytes, same name) and the removal reported as contended. Of two
+    /// such processes at least one sees the other's delete and puts its key back.
     ///
     /// # Errors
-    /// [`RepoError::InvalidInput`] for a refused key; store failures.
+    /// [`RepoError::InvalidInput`] for a refused key or a contended removal; store failures.
     pub async fn remove_key(&self, id: &KeyId, cancel: &CancellationToken) -> RepoResult<()> {
         let refuse = |reason: &str| RepoError::InvalidInput { what: "key", reason: reason.into() };
-        if *id == self.key_id() {
+        let (own, own_bytes) = self.own_key();
+        if *id == own {
             return Err(refuse(
                 "refusing to remove the key this password opens; change the password instead",
             ));
@@ -144,11 +155,26 @@ impl Repository {
         if !listed.contains(id) {
             return Err(refuse(&format!("there is no key {id}")));
         }
-        if listed.len() <= 1 {
-            return Err(refuse("refusing to remove the last key file"));
+        if !listed.contains(&own) {
+            return Err(refuse(&format!(
+                "the key this password opens ({own}) is gone (removed by another process?); \
+                 refusing to remove another, which could be the last"
+            )));
         }
         let key = layout::key_file(id)?;
-        self.store().delete(&key, cancel).await.map_err(|e| RepoError::store("delete", &key, e))
+        self.store().delete(&key, cancel).await.map_err(|e| RepoError::store("delete", &key, e))?;
+        if self.key_ids(cancel).await?.contains(&own) {
+            return Ok(());
+        }
+        let own_file = layout::key_file(&own)?;
+        self.store()
+            .put_if_absent(&own_file, own_bytes, cancel)
+            .await
+            .map_err(|e| RepoError::store("put back key file", &own_file, e))?;
+        Err(refuse(&format!(
+            "another process removed this password's key {own} while {id} was being removed; \
+             {own} is back, {id} is gone: see `ferry repo key list`"
+        )))
     }
 
     /// Changes the password this handle was opened with: stores a key file for
@@ -168,23 +194,24 @@ impl Repository {
         let old = self.key_id();
         let new = self.add_password(new_password, kdf, cancel).await?;
         let key = layout::key_file(&new)?;
-        let stored = self
-            .store()
-            .get(&key, cancel)
-            .await
-            .map_err(|e| RepoError::store("read back key file", &key, e))?;
-        let file = KeyFile::decode(&stored).map_err(|e| RepoError::corrupt(&key, e))?;
-        let password = new_password.to_vec();
-        let master = blocking(move || file.unwrap_with_password(&password))
-            .await?
-            .map_err(|e| RepoError::corrupt(&key, e))?;
-        if master != self.inner.master {
-            return Err(RepoError::Internal {
-                what: "password change",
-                reason: format!("the stored key {new} does not hold this repository's key"),
-            });
-        }
-        *self.inner.key_id.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = new;
+        let stored = match self.prove_key(&key, new_password, cancel).await {
+            Ok(stored) => stored,
+            Err(cause) => {
+                // Take the unproven key away again (even when cancelled: it is one delete), so
+                // that "nothing changed" holds; say so when even that fails.
+                let cleanup = CancellationToken::new();
+                return Err(match self.store().delete(&key, &cleanup).await {
+                    Ok(()) => cause,
+                    Err(e) => RepoError::NewKeyLeft {
+                        new: new.to_string(),
+                        cause: Box::new(cause),
+                        cleanup: Box::new(RepoError::store("delete", &key, e)),
+                    },
+                });
+            }
+        };
+        *self.inner.own_key.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            (new, stored);
         let old_key = layout::key_file(&old)?;
         if let Err(e) = self.store().delete(&old_key, cancel).await {
             return Err(RepoError::OldKeyKept {
@@ -194,5 +221,32 @@ impl Repository {
             });
         }
         Ok(new)
+    }
+
+    /// Reads the key file at `key` back and checks that `password` unwraps this repository's
+    /// master key from it; returns its bytes.
+    async fn prove_key(
+        &self,
+        key: &ferry_store::ObjectKey,
+        password: &[u8],
+        cancel: &CancellationToken,
+    ) -> RepoResult<Bytes> {
+        let stored = self
+            .store()
+            .get(key, cancel)
+            .await
+            .map_err(|e| RepoError::store("read back key file", key, e))?;
+        let file = KeyFile::decode(&stored).map_err(|e| RepoError::corrupt(key, e))?;
+        let password = password.to_vec();
+        let master = blocking(move || file.unwrap_with_password(&password))
+            .await?
+            .map_err(|e| RepoError::corrupt(key, e))?;
+        if master != self.inner.master {
+            return Err(RepoError::Internal {
+                what: "password change",
+                reason: format!("the stored key {key} does not hold this repository's key"),
+            });
+        }
+        Ok(stored)
     }
 }

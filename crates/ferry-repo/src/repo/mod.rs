@@ -63,8 +63,9 @@ struct Inner {
     store: Arc<dyn ObjectStore>,
     keys: RepoKeys,
     master: MasterKey,
-    /// The key file this handle was opened (or created) with.
-    key_id: std::sync::Mutex<KeyId>,
+    /// The key file this handle was opened (or created) with, and its bytes (to put it back
+    /// if another process removes it while this one removes a key: see `remove_key`).
+    own_key: std::sync::Mutex<(KeyId, Bytes)>,
     config: Config,
     chunker: Chunker,
     index: tokio::sync::Mutex<Option<Arc<MemIndex>>>,
@@ -140,7 +141,7 @@ impl Repository {
         let (key_id, key_bytes) = wrap_key(&master, password, options.kdf).await?;
         let key_key = layout::key_file(&key_id)?;
         store
-            .put_if_absent(&key_key, Bytes::from(key_bytes), cancel)
+            .put_if_absent(&key_key, Bytes::from(key_bytes.clone()), cancel)
             .await
             .map_err(|e| RepoError::store("write key file", &key_key, e))?;
         let keys = master.derive();
@@ -150,7 +151,8 @@ impl Repository {
             .map_err(|e| RepoError::store("write", &config_key, e))?;
         match outcome {
             PutOutcome::Created => {
-                Ok((Self::assemble(store, master, key_id, config)?, InitOutcome::Created))
+                let own_key = (key_id, Bytes::from(key_bytes));
+                Ok((Self::assemble(store, master, own_key, config)?, InitOutcome::Created))
             }
             PutOutcome::AlreadyExists => {
                 // Lost the race: our key file wraps a key no config uses. Remove it (a leftover
@@ -186,6 +188,9 @@ impl Repository {
             .map_err(|e| RepoError::store("list", layout::KEYS, e))?;
         let mut tried = 0;
         for meta in listed {
+            // Only content-addressed names are key files (`key list` and `key remove` see no
+            // others, so a key under another name could not be told apart or protected).
+            let Some(id) = layout::id_of(&meta.key) else { continue };
             let bytes = match store.get(&meta.key, cancel).await {
                 Ok(bytes) => bytes,
                 // Removed since the listing: a node that lost an init race, or `repo key
@@ -202,8 +207,7 @@ impl Repository {
             let keys = master.derive();
             match Config::decode(&keys.cipher, &config_bytes) {
                 Ok(config) => {
-                    let key_id = KeyId(layout::id_of(&meta.key).unwrap_or_default());
-                    return Self::assemble(store, master, key_id, config);
+                    return Self::assemble(store, master, (KeyId(id), bytes), config);
                 }
                 Err(crate::format::FormatError::Authentication) => continue,
                 Err(e) => return Err(RepoError::corrupt("config", e)),
@@ -215,7 +219,7 @@ impl Repository {
     fn assemble(
         store: Arc<dyn ObjectStore>,
         master: MasterKey,
-        key_id: KeyId,
+        own_key: (KeyId, Bytes),
         config: Config,
     ) -> RepoResult<Self> {
         let keys = master.derive();
@@ -226,7 +230,7 @@ impl Repository {
                 store,
                 keys,
                 master,
-                key_id: std::sync::Mutex::new(key_id),
+                own_key: std::sync::Mutex::new(own_key),
                 config,
                 chunker,
                 index: tokio::sync::Mutex::new(None),

@@ -143,6 +143,50 @@ async fn password_change_keeps_data_readable() -> RepoResult<()> {
     Ok(())
 }
 
+/// Replaces any key file other than `keep` with junk just before it is read: a new key file
+/// that does not read back as written.
+#[derive(Debug)]
+struct SpoilNewKeys {
+    store: Arc<dyn ObjectStore>,
+    keep: ferry_store::ObjectKey,
+}
+
+#[async_trait::async_trait]
+impl ferry_store::Hook for SpoilNewKeys {
+    async fn before(&self, call: ferry_store::Call<'_>) {
+        if let ferry_store::Call::Get(key) = call
+            && key.as_str().starts_with(layout::KEYS)
+            && *key != self.keep
+        {
+            let cancel = CancellationToken::new();
+            let _ = self.store.delete(key, &cancel).await;
+            let _ =
+                self.store.put_if_absent(key, bytes::Bytes::from_static(b"junk"), &cancel).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_new_key_that_does_not_read_back_is_taken_away_again() -> RepoResult<()> {
+    let cancel = CancellationToken::new();
+    for (store, _dir) in stores() {
+        let (repo, _) =
+            Repository::init(Arc::clone(&store), b"old", &fast_options(), &cancel).await?;
+        let old = repo.key_id();
+        let hook = SpoilNewKeys { store: Arc::clone(&store), keep: layout::key_file(&old)? };
+        let hooked: Arc<dyn ObjectStore> =
+            Arc::new(ferry_store::Hooked::new(Arc::clone(&store), hook));
+        let as_old = Repository::open(hooked, b"old", &cancel).await?;
+        let failed = as_old.change_password(b"new", KdfParams::insecure_for_tests(), &cancel).await;
+        assert!(matches!(failed, Err(RepoError::Corrupt { .. })), "{failed:?}");
+        assert_eq!(as_old.key_id(), old);
+        let left: Vec<KeyId> = repo.key_files(&cancel).await?.iter().map(|k| k.id).collect();
+        assert_eq!(left, vec![old], "nothing changed: the unproven key is gone");
+        Repository::open(Arc::clone(&store), b"old", &cancel).await?;
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn keys_are_listed_found_by_prefix_and_removed_with_care() -> RepoResult<()> {
     let cancel = CancellationToken::new();
@@ -187,8 +231,78 @@ async fn keys_are_listed_found_by_prefix_and_removed_with_care() -> RepoResult<(
             Err(RepoError::WrongPassword { .. })
         ));
         let refused = as_b.remove_key(&second, &cancel).await;
-        assert!(matches!(refused, Err(RepoError::InvalidInput { .. })), "last key: {refused:?}");
+        assert!(matches!(refused, Err(RepoError::InvalidInput { .. })), "own key: {refused:?}");
         assert_eq!(as_b.key_files(&cancel).await?.len(), 1);
+    }
+    Ok(())
+}
+
+fn refusal(result: RepoResult<()>) -> String {
+    match result {
+        Err(RepoError::InvalidInput { reason, .. }) => reason,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn no_key_is_removed_once_this_passwords_own_key_has_gone() -> RepoResult<()> {
+    let cancel = CancellationToken::new();
+    for (store, _dir) in stores() {
+        let (repo, _) =
+            Repository::init(Arc::clone(&store), b"a", &fast_options(), &cancel).await?;
+        let b = repo.add_password(b"b", KdfParams::insecure_for_tests(), &cancel).await?;
+        // Another process (opened with "b") removes "a"'s key: "a" must not remove "b"'s,
+        // the last one.
+        let own = layout::key_file(&repo.key_id())?;
+        store.delete(&own, &cancel).await.map_err(|e| RepoError::store("delete", &own, e))?;
+        let reason = refusal(repo.remove_key(&b, &cancel).await);
+        assert!(reason.contains("is gone"), "{reason}");
+        Repository::open(Arc::clone(&store), b"b", &cancel).await?;
+    }
+    Ok(())
+}
+
+/// Removes `other` (this process's own key) just as this process deletes `victim`: two
+/// processes removing each other's keys at once.
+#[derive(Debug)]
+struct CrossRemoval {
+    store: Arc<dyn ObjectStore>,
+    victim: ferry_store::ObjectKey,
+    other: ferry_store::ObjectKey,
+}
+
+#[async_trait::async_trait]
+impl ferry_store::Hook for CrossRemoval {
+    async fn before(&self, call: ferry_store::Call<'_>) {
+        if call == ferry_store::Call::Delete(&self.victim) {
+            let _ = self.store.delete(&self.other, &CancellationToken::new()).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn removing_each_others_keys_at_once_leaves_a_key_that_opens() -> RepoResult<()> {
+    let cancel = CancellationToken::new();
+    for (store, _dir) in stores() {
+        let (repo, _) =
+            Repository::init(Arc::clone(&store), b"a", &fast_options(), &cancel).await?;
+        let (a, b) = (
+            repo.key_id(),
+            repo.add_password(b"b", KdfParams::insecure_for_tests(), &cancel).await?,
+        );
+        let hook = CrossRemoval {
+            store: Arc::clone(&store),
+            victim: layout::key_file(&b)?,
+            other: layout::key_file(&a)?,
+        };
+        let hooked: Arc<dyn ObjectStore> =
+            Arc::new(ferry_store::Hooked::new(Arc::clone(&store), hook));
+        let as_a = Repository::open(hooked, b"a", &cancel).await?;
+        let reason = refusal(as_a.remove_key(&b, &cancel).await);
+        assert!(reason.contains("is back"), "{reason}");
+        let left: Vec<KeyId> = repo.key_files(&cancel).await?.iter().map(|k| k.id).collect();
+        assert_eq!(left, vec![a], "a's key put back, b's gone");
+        Repository::open(Arc::clone(&store), b"a", &cancel).await?;
     }
     Ok(())
 }
@@ -210,7 +324,22 @@ async fn a_damaged_key_file_is_listed_not_fatal() -> RepoResult<()> {
     assert_eq!(damaged[0].id, KeyId([9; 32]));
     assert!(!damaged[0].current);
     // The password still opens the repository past the damaged file.
-    Repository::open(store, b"pw", &cancel).await?;
+    Repository::open(Arc::clone(&store), b"pw", &cancel).await?;
+
+    // A key file under a name that is not its id is no key file: `key list` would not show
+    // it, nor `key remove` protect it, so it opens nothing.
+    let spare = repo.add_password(b"spare", KdfParams::insecure_for_tests(), &cancel).await?;
+    let named = layout::key_file(&spare)?;
+    let bytes = store.get(&named, &cancel).await.map_err(|e| RepoError::store("get", &named, e))?;
+    let renamed = ferry_store::ObjectKey::new(format!("{}spare", layout::KEYS))
+        .map_err(|e| RepoError::Internal { what: "test", reason: e.to_string() })?;
+    store.delete(&named, &cancel).await.map_err(|e| RepoError::store("delete", &named, e))?;
+    store
+        .put_if_absent(&renamed, bytes, &cancel)
+        .await
+        .map_err(|e| RepoError::store("write", &renamed, e))?;
+    let opened = Repository::open(store, b"spare", &cancel).await;
+    assert!(matches!(opened, Err(RepoError::WrongPassword { .. })), "{opened:?}");
     Ok(())
 }
 

@@ -239,6 +239,13 @@ pub(crate) struct Counts {
     errors: u64,
 }
 
+fn not_a_directory() -> RepoError {
+    RepoError::InvalidInput {
+        what: "snapshot",
+        reason: "only directory snapshots restore into a directory".into(),
+    }
+}
+
 fn run(
     shared: &Shared,
     root_fd: Arc<OwnedFd>,
@@ -248,12 +255,9 @@ fn run(
 ) -> RepoResult<Counts> {
     let pages = match &root.body {
         NodeBody::Dir { pages } => Some(pages),
-        NodeBody::Volume { .. } => {
-            return Err(RepoError::InvalidInput {
-                what: "snapshot",
-                reason: "only directory snapshots restore into a directory".into(),
-            });
-        }
+        // One entry restored on its own (`subtree`) has a name; a snapshot's root has none.
+        NodeBody::Volume { .. } => return Err(not_a_directory()),
+        _ if root.name.is_empty() => return Err(not_a_directory()),
         _ => None,
     };
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(threads * 2);

@@ -43,6 +43,10 @@ async fn snapshot_of(repo: &Repository, pages: Vec<Vec<Node>>) -> RepoResult<Sna
 }
 
 async fn snapshot_with_root(repo: &Repository, pages: Vec<BlobId>) -> RepoResult<SnapshotId> {
+    snapshot_rooted(repo, node(b"", NodeBody::Dir { pages })).await
+}
+
+async fn snapshot_rooted(repo: &Repository, root: Node) -> RepoResult<SnapshotId> {
     let snap = Snapshot {
         time: Timestamp::default(),
         hostname: "h".into(),
@@ -50,7 +54,7 @@ async fn snapshot_with_root(repo: &Repository, pages: Vec<BlobId>) -> RepoResult
         paths: vec![],
         tags: vec![],
         parent: None,
-        root: node(b"", NodeBody::Dir { pages }),
+        root,
         summary: Summary::default(),
         program: "test".into(),
     };
@@ -87,6 +91,22 @@ async fn traversal_and_separator_names_are_refused() -> RepoResult<()> {
         assert!(matches!(r, Err(RepoError::Corrupt { .. })), "{bad:?}: {r:?}");
         assert!(beside.is_empty(), "{bad:?} wrote {beside:?} outside the target");
     }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_whose_root_is_a_file_is_refused_as_not_a_directory() -> RepoResult<()> {
+    let repo = repo().await?;
+    let body = file(&repo, b"payload").await?;
+    let id = snapshot_rooted(&repo, node(b"", body)).await?;
+    let (r, beside) = restore_hostile(&repo, id).await?;
+    match r {
+        Err(RepoError::InvalidInput { reason, .. }) => {
+            assert!(reason.contains("only directory snapshots"), "{reason}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(beside.is_empty(), "wrote {beside:?} outside the target");
     Ok(())
 }
 

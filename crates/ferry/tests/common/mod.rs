@@ -10,7 +10,10 @@ pub const PASSWORD: &str = "ferry-cli-test-password";
 /// `ferry ARGS` with the test password and no repository from the environment.
 pub fn ferry_command(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
-    cmd.args(args).env_remove("FERRY_REPO").env("FERRY_PASSWORD", PASSWORD);
+    cmd.args(args)
+        .env_remove("FERRY_REPO")
+        .env_remove("FERRY_NEW_PASSWORD")
+        .env("FERRY_PASSWORD", PASSWORD);
     cmd
 }
 
