@@ -21,6 +21,10 @@ use crate::{ObjectKey, PutOutcome, StoreResult};
 const MAX_PARTS: u64 = 10_000;
 /// Limit for aborting a failed upload, which runs even after cancellation.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(30);
+/// User metadata naming the write that created an object (`x-amz-meta-ferry-writer`). When
+/// the SDK retries a write whose first attempt committed but whose answer was lost, the retry
+/// meets its own object (412); this tells that apart from another writer's.
+const WRITER: &str = "ferry-writer";
 
 pub(super) async fn put_if_absent(
     inner: &Inner,
@@ -28,20 +32,41 @@ pub(super) async fn put_if_absent(
     data: Bytes,
     cancel: &CancellationToken,
 ) -> StoreResult<PutOutcome> {
+    let writer = format!("{:032x}", rand::random::<u128>());
     if data.len() as u64 <= inner.options.multipart_threshold {
-        return until_cancelled(cancel, inner.put_single(key, data)).await;
+        return until_cancelled(cancel, inner.put_single(key, data, &writer)).await;
     }
     // Uploading many MiB only to learn the key exists is wasteful; the condition on
     // completion still decides races.
     if until_cancelled(cancel, inner.head(key)).await?.is_some() {
         return Ok(PutOutcome::AlreadyExists);
     }
-    let upload_id = until_cancelled(cancel, inner.create_upload(key)).await?;
-    let result = until_cancelled(cancel, inner.upload_and_complete(key, &upload_id, data)).await;
-    if !matches!(result, Ok(PutOutcome::Created)) {
-        inner.abort_upload(key, &upload_id).await;
+    // S3 answers a completion that raced another conditional write with 409: that upload is
+    // spent, so start a new one (a few times, with backoff).
+    let mut backoff = Backoff::new(&inner.options);
+    loop {
+        let upload_id = until_cancelled(cancel, inner.create_upload(key, &writer)).await?;
+        let result = until_cancelled(
+            cancel,
+            inner.upload_and_complete(key, &upload_id, data.clone(), &writer),
+        )
+        .await;
+        if !matches!(result, Ok(Completion::Done(PutOutcome::Created))) {
+            inner.abort_upload(key, &upload_id).await;
+        }
+        match result? {
+            Completion::Done(outcome) => return Ok(outcome),
+            Completion::Conflict(_) if backoff.pause().await => {}
+            Completion::Conflict(err) => return Err(err),
+        }
     }
-    result
+}
+
+/// How a multipart upload ended.
+enum Completion {
+    Done(PutOutcome),
+    /// 409 on completion: this upload cannot complete; a new one may.
+    Conflict(crate::StoreError),
 }
 
 /// How a conditional write was refused.
@@ -62,7 +87,12 @@ fn refusal<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> Refusal 
 }
 
 impl Inner {
-    async fn put_single(&self, key: &ObjectKey, data: Bytes) -> StoreResult<PutOutcome> {
+    async fn put_single(
+        &self,
+        key: &ObjectKey,
+        data: Bytes,
+        writer: &str,
+    ) -> StoreResult<PutOutcome> {
         let mut backoff = Backoff::new(&self.options);
         loop {
             let result = self
@@ -70,6 +100,7 @@ impl Inner {
                 .put_object()
                 .bucket(&self.bucket)
                 .key(self.s3_key(key))
+                .metadata(WRITER, writer)
                 .if_none_match("*")
                 .body(ByteStream::from(data.clone()))
                 .send()
@@ -82,19 +113,35 @@ impl Inner {
                 Err(err) => err,
             };
             match refusal(&err) {
-                Refusal::Exists => return Ok(PutOutcome::AlreadyExists),
+                Refusal::Exists => return self.refused_unless_ours(key, writer).await,
                 Refusal::Conflict if backoff.pause().await => {}
                 _ => return Err(self.site().error(format!("put {key}"), None, err)),
             }
         }
     }
 
-    async fn create_upload(&self, key: &ObjectKey) -> StoreResult<String> {
+    /// After a 412: `Created` if the object at `key` was written by this very write (an
+    /// attempt the SDK retried had committed), else `AlreadyExists`.
+    async fn refused_unless_ours(&self, key: &ObjectKey, writer: &str) -> StoreResult<PutOutcome> {
+        let out = self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(self.s3_key(key))
+            .send()
+            .await
+            .map_err(|e| self.site().error(format!("head {key} after a refused write"), None, e))?;
+        let ours = out.metadata().and_then(|m| m.get(WRITER)).is_some_and(|w| w == writer);
+        Ok(if ours { PutOutcome::Created } else { PutOutcome::AlreadyExists })
+    }
+
+    async fn create_upload(&self, key: &ObjectKey, writer: &str) -> StoreResult<String> {
         let out = self
             .client
             .create_multipart_upload()
             .bucket(&self.bucket)
             .key(self.s3_key(key))
+            .metadata(WRITER, writer)
             .send()
             .await
             .map_err(|e| self.site().error(format!("start upload of {key}"), None, e))?;
@@ -108,7 +155,8 @@ impl Inner {
         key: &ObjectKey,
         upload_id: &str,
         data: Bytes,
-    ) -> StoreResult<PutOutcome> {
+        writer: &str,
+    ) -> StoreResult<Completion> {
         let part_size = part_size(data.len() as u64, self.options.part_size);
         let bodies = (0..data.len())
             .step_by(part_size)
@@ -119,31 +167,30 @@ impl Inner {
             .try_collect()
             .await?;
         let parts = CompletedMultipartUpload::builder().set_parts(Some(parts)).build();
-        let mut backoff = Backoff::new(&self.options);
-        loop {
-            let result = self
-                .client
-                .complete_multipart_upload()
-                .bucket(&self.bucket)
-                .key(self.s3_key(key))
-                .upload_id(upload_id)
-                .multipart_upload(parts.clone())
-                .if_none_match("*")
-                .send()
-                .await;
-            let err = match result {
-                Ok(_) => return Ok(PutOutcome::Created),
-                Err(err) if completed_with_odd_body(&err) => {
-                    tracing::debug!(key = %key, "upload completed; result body named its root unusually");
-                    return Ok(PutOutcome::Created);
-                }
-                Err(err) => err,
-            };
-            match refusal(&err) {
-                Refusal::Exists => return Ok(PutOutcome::AlreadyExists),
-                Refusal::Conflict if backoff.pause().await => {}
-                _ => return Err(self.site().error(format!("complete upload of {key}"), None, err)),
+        let result = self
+            .client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(self.s3_key(key))
+            .upload_id(upload_id)
+            .multipart_upload(parts)
+            .if_none_match("*")
+            .send()
+            .await;
+        let err = match result {
+            Ok(_) => return Ok(Completion::Done(PutOutcome::Created)),
+            Err(err) if completed_with_odd_body(&err) => {
+                tracing::debug!(key = %key, "upload completed; result body named its root unusually");
+                return Ok(Completion::Done(PutOutcome::Created));
             }
+            Err(err) => err,
+        };
+        let refused = refusal(&err);
+        let err = self.site().error(format!("complete upload of {key}"), None, err);
+        match refused {
+            Refusal::Exists => self.refused_unless_ours(key, writer).await.map(Completion::Done),
+            Refusal::Conflict => Ok(Completion::Conflict(err)),
+            Refusal::Other => Err(err),
         }
     }
 

@@ -237,3 +237,81 @@ async fn listing_follows_continuation_tokens() {
     let want: Vec<String> = (0..20).map(|i| format!("idx/{i:03}")).collect();
     assert_eq!(listed.iter().map(|m| m.key.to_string()).collect::<Vec<_>>(), want);
 }
+
+/// A TCP relay to `upstream` that forwards everything, except that the answer to the first
+/// request starting with `request_line` never reaches the client: the relay reads it and
+/// closes the client's connection, as a network that drops a response does. Returns its
+/// address and the number of answers dropped so far.
+async fn answer_dropping_relay(
+    upstream: std::net::SocketAddr,
+    request_line: String,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+    let addr = listener.local_addr().expect("relay address");
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&dropped);
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(upstream).await else { return };
+            let (mut client_rx, mut client_tx) = client.into_split();
+            let (mut server_rx, mut server_tx) = server.into_split();
+            let swallow = Arc::new(AtomicBool::new(false));
+            let (armed, seen) = (Arc::clone(&swallow), Arc::clone(&counter));
+            let line = request_line.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n) = client_rx.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    if seen.load(Ordering::SeqCst) == 0 && buf[..n].starts_with(line.as_bytes()) {
+                        armed.store(true, Ordering::SeqCst);
+                    }
+                    if server_tx.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let counter = Arc::clone(&counter);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n) = server_rx.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    if swallow.load(Ordering::SeqCst) {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        break; // drops client_tx: the client sees the connection close
+                    }
+                    if client_tx.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (addr, dropped)
+}
+
+/// The answer to a conditional PUT that committed is lost; the SDK retries and meets the
+/// object with 412. The write is still this writer's: `Created`, not `AlreadyExists` (which
+/// would make a repository init that won its race give up its key file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_write_that_had_committed_is_still_created() {
+    let moto = MotoServer::shared();
+    let bucket = unique_bucket();
+    create_bucket(&admin_client(&moto.endpoint()), &bucket).await;
+    let line = format!("PUT /{bucket}/config?");
+    let (relay, dropped) = answer_dropping_relay(moto.addr(), line).await;
+    let config =
+        S3Config { bucket, prefix: String::new(), options: s3_options(&format!("http://{relay}")) };
+    let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let outcome = store.put_if_absent(&key("config"), data(100, 3), &live()).await;
+    assert_eq!(dropped.load(std::sync::atomic::Ordering::SeqCst), 1, "the answer was dropped");
+    assert!(matches!(outcome, Ok(PutOutcome::Created)), "{outcome:?}");
+    let again = store.put_if_absent(&key("config"), data(100, 4), &live()).await;
+    assert!(matches!(again, Ok(PutOutcome::AlreadyExists)), "another write: {again:?}");
+    assert_eq!(store.get(&key("config"), &live()).await.ok(), Some(data(100, 3)));
+}
