@@ -182,11 +182,13 @@ pub(crate) fn apply_fd(
     warnings: &mut Warnings,
 ) -> io::Result<()> {
     let fd = fd.as_fd();
-    set_xattrs(sys::Target::Fd(fd), meta, what, warnings);
+    // Owners first: the kernel drops a file capability (security.capability) on any chown,
+    // and chmod last, as chown clears set-user-ID bits.
     if owners {
         nix::unistd::fchown(fd, Some(Uid::from_raw(meta.uid)), Some(Gid::from_raw(meta.gid)))
             .map_err(err)?;
     }
+    set_xattrs(sys::Target::Fd(fd), meta, what, warnings);
     nix::sys::stat::fchmod(fd, Mode::from_bits_truncate(meta.mode & 0o7777)).map_err(err)?;
     nix::sys::stat::futimens(fd, &timespec(meta.atime), &timespec(meta.mtime)).map_err(err)
 }
@@ -205,9 +207,7 @@ pub(crate) fn apply_at(
     // single-component name is not followed by the l*xattr calls.
     let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
     path.extend_from_slice(name);
-    if let Ok(cpath) = CString::new(path) {
-        set_xattrs(sys::Target::PathNoFollow(&cpath), meta, what, warnings);
-    }
+    // Owners before xattrs and chmod, as in `apply_fd`.
     if owners {
         nix::unistd::fchownat(
             dir.as_fd(),
@@ -217,6 +217,9 @@ pub(crate) fn apply_at(
             AtFlags::AT_SYMLINK_NOFOLLOW,
         )
         .map_err(err)?;
+    }
+    if let Ok(cpath) = CString::new(path) {
+        set_xattrs(sys::Target::PathNoFollow(&cpath), meta, what, warnings);
     }
     if !symlink {
         // chmod cannot skip links by name on older kernels; go through an O_PATH descriptor of

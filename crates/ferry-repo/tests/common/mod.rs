@@ -179,6 +179,14 @@ pub fn build_hard_tree(root: &Path) {
     set_xattr(&root.join("text"), "user.comment", b"hello xattr");
     set_xattr(&root.join("text"), "user.binary", &[0, 1, 2, 255]);
     set_xattr(&root.join("dir"), "user.dir", b"on a directory");
+    // A file capability (cap_net_raw, permitted and effective; VFS_CAP_REVISION_2): the
+    // kernel drops it on any chown, so restore must set owners before xattrs.
+    w("capable", b"ping");
+    let mut cap = Vec::new();
+    for word in [0x0200_0001u32, 1 << 13, 0, 0, 0] {
+        cap.extend_from_slice(&word.to_le_bytes());
+    }
+    set_xattr(&root.join("capable"), "security.capability", &cap);
     set_times(&root.join("text"), (1_600_000_000, 123_456_789), (1_500_000_000, 987_654_321));
     set_times(&root.join("dangling"), (1_400_000_000, 1), (1_300_000_000, 999_999_999));
     set_times(&root.join("dir/sub/empty"), (1_200_000_000, 5), (1_100_000_000, 7));
