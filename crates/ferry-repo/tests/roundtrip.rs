@@ -54,6 +54,31 @@ async fn incremental_backup_reads_only_changes() -> TestResult {
     Ok(())
 }
 
+/// A file rewritten (same size) right after the parent backup read it, within the same
+/// timestamp tick, keeps its mtime: a file whose mtime is that close to the parent backup's
+/// start is read again, not trusted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_rewritten_in_the_tick_the_parent_read_it_is_read_again() -> TestResult {
+    let cancel = CancellationToken::new();
+    let (repo, _) = memory_repo().await;
+    let src = tempfile::tempdir()?;
+    let db = src.path().join("db");
+    std::fs::write(&db, noise(30_000, 1))?;
+    let since_epoch = std::fs::metadata(&db)?.modified()?.duration_since(std::time::UNIX_EPOCH)?;
+    let mtime = (i64::try_from(since_epoch.as_secs())?, i64::from(since_epoch.subsec_nanos()));
+    let first = backup_tree(&repo, src.path(), &BackupOptions::default(), None, &cancel).await?;
+    std::fs::write(&db, noise(30_000, 2))?;
+    common::set_times(&db, mtime, mtime);
+    let opts = BackupOptions { parent: Some(first.snapshot_id), ..BackupOptions::default() };
+    let again = backup_tree(&repo, src.path(), &opts, None, &cancel).await?;
+    assert_eq!(again.bytes_new, 30_000, "the rewritten file was read");
+    let out = tempfile::tempdir()?;
+    restore(&repo, &again.snapshot_id, out.path(), &RestoreOptions::default(), None, &cancel)
+        .await?;
+    assert_eq!(std::fs::read(out.path().join("db"))?, noise(30_000, 2));
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_changed_behind_an_unchanged_mtime_is_trusted_like_kopia_but_inode_changes_are_not_rereads()
 -> TestResult {

@@ -22,7 +22,6 @@ pub(crate) struct FileJob {
     pub(crate) dir: Arc<OwnedFd>,
     pub(crate) name: Vec<u8>,
     pub(crate) path: PathBuf,
-    pub(crate) size: u64,
     pub(crate) sparse: bool,
     pub(crate) reply: crossbeam_channel::Sender<FileOutcome>,
 }
@@ -70,7 +69,13 @@ impl<'a> FileWorker<'a> {
     }
 
     fn read_file(&mut self, job: &FileJob) -> Result<FileContent, ReadError> {
-        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NOCTTY;
+        // O_NONBLOCK: if the file was replaced by a FIFO since it was listed, opening it must
+        // not wait for a writer (reads of regular files ignore the flag).
+        let flags = OFlag::O_RDONLY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_CLOEXEC
+            | OFlag::O_NOCTTY
+            | OFlag::O_NONBLOCK;
         let fd = match nix::fcntl::openat(
             job.dir.as_fd(),
             job.name.as_slice(),
@@ -83,9 +88,18 @@ impl<'a> FileWorker<'a> {
             other => other,
         }
         .map_err(|e| ReadError::File(std::io::Error::from(e)))?;
+        let st = nix::sys::stat::fstat(&fd).map_err(|e| ReadError::File(e.into()))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(ReadError::File(std::io::Error::other(
+                "replaced by something other than a regular file since it was listed; not read",
+            )));
+        }
+        // The size now, not when listed: a file truncated in between must not be recorded as
+        // its old length of holes.
+        let size = u64::try_from(st.st_size).unwrap_or(0);
         let file = File::from(fd);
         let extents =
-            if job.sparse { data_extents(&file, job.size).map_err(ReadError::File)? } else { None };
+            if job.sparse { data_extents(&file, size).map_err(ReadError::File)? } else { None };
         let mut content = FileContent { size: 0, extents: None, chunks: Vec::new() };
         match extents {
             Some(extents) => {
@@ -98,7 +112,7 @@ impl<'a> FileWorker<'a> {
                         )));
                     }
                 }
-                content.size = job.size;
+                content.size = size;
                 content.extents = Some(extents);
             }
             None => content.size = self.read_range(&file, 0, None, &mut content.chunks)?,

@@ -101,7 +101,15 @@ pub(crate) struct Shared {
     failure: Mutex<Option<RepoError>>,
     /// Entries left out.
     pub(crate) excludes: exclude::Excludes,
+    /// Files whose mtime is this late or later are read even if they look unchanged: the
+    /// parent backup began less than [`RACY_MARGIN`] after it, so a write in the same clock
+    /// tick after the parent read the file would not have moved the mtime.
+    pub(crate) racy_from: Option<Timestamp>,
 }
+
+/// How close to the parent backup's start an mtime must be to count as racy: above the
+/// coarsest timestamp granularity of common file systems (1 s on ext3 and some NFS).
+const RACY_MARGIN: i64 = 2;
 
 impl Shared {
     /// Whether this process should store blob `id` (true exactly once per new blob).
@@ -182,6 +190,9 @@ async fn backup_leased(
         handle: tokio::runtime::Handle::current(),
         failure: Mutex::new(None),
         excludes,
+        racy_from: parent
+            .as_ref()
+            .map(|p| Timestamp { sec: p.time.sec.saturating_sub(RACY_MARGIN), nsec: p.time.nsec }),
     });
     let floor = parent.as_ref().map_or(0, |p| p.summary.bytes_total);
     let threads = if options.threads == 0 {

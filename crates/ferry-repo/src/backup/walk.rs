@@ -23,7 +23,7 @@ use crate::backup::files::FileJob;
 use crate::backup::meta::{file_type, may_be_sparse, metadata, xattrs_of};
 use crate::backup::trees::Event;
 use crate::error::{RepoError, RepoResult};
-use crate::format::{BlobId, FileContent, Node, NodeBody};
+use crate::format::{BlobId, FileContent, Node, NodeBody, Timestamp};
 
 /// The parent snapshot's entries of one directory, read page by page as names advance.
 pub(crate) struct ParentDir {
@@ -300,7 +300,7 @@ impl<'a> Walker<'a> {
         p.bytes_total.fetch_add(size, Ordering::Relaxed);
         // Reuse the parent's chunk list only if every chunk is still indexed (not condemned
         // by garbage collection since the parent was written).
-        let reusable = unchanged(previous, &node, size)
+        let reusable = unchanged(previous, &node, size, self.shared.racy_from)
             .filter(|c| c.chunks.iter().all(|ch| self.shared.index.contains(&ch.id)));
         if let Some(content) = reusable {
             p.files_done.fetch_add(1, Ordering::Relaxed);
@@ -314,7 +314,6 @@ impl<'a> Walker<'a> {
             dir: Arc::clone(dir),
             name: node.name.clone(),
             path: PathBuf::from(path),
-            size,
             sparse: may_be_sparse(st),
             reply,
         };
@@ -323,9 +322,18 @@ impl<'a> Walker<'a> {
     }
 }
 
-/// The parent's content when the file looks unchanged: same size, mtime, mode and owner.
-/// Inode and ctime are deliberately ignored: they change on every CSI snapshot clone.
-fn unchanged(previous: Option<Node>, node: &Node, size: u64) -> Option<FileContent> {
+/// The parent's content when the file looks unchanged: same size, mtime, mode and owner, and
+/// an mtime clearly before the parent backup began (`racy_from`; see `Shared`). Inode and
+/// ctime are deliberately ignored: they change on every CSI snapshot clone.
+fn unchanged(
+    previous: Option<Node>,
+    node: &Node,
+    size: u64,
+    racy_from: Option<Timestamp>,
+) -> Option<FileContent> {
+    if racy_from.is_some_and(|t| node.meta.mtime >= t) {
+        return None;
+    }
     let prev = previous?;
     if prev.error.is_some() {
         return None;
