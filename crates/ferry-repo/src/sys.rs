@@ -118,6 +118,26 @@ pub(crate) fn raise_fd_limit() {
     }
 }
 
+/// Stack for code that recurses once per directory level, down to
+/// [`crate::restore::MAX_DEPTH`] (the default 2 MiB of a blocking task overflows at a few
+/// thousand levels; this is reserved address space, touched only as deep as a tree goes).
+pub(crate) const DEEP_STACK: usize = 256 << 20;
+
+/// Runs `f` on a scoped thread with a [`DEEP_STACK`], and waits for it.
+pub(crate) fn on_deep_stack<'scope, 'env, T: Send + 'scope>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    what: &'static str,
+    f: impl FnOnce() -> crate::RepoResult<T> + Send + 'scope,
+) -> crate::RepoResult<T> {
+    let internal = |reason: String| crate::RepoError::Internal { what, reason };
+    std::thread::Builder::new()
+        .stack_size(DEEP_STACK)
+        .spawn_scoped(scope, f)
+        .map_err(|e| internal(format!("start thread: {e}")))?
+        .join()
+        .unwrap_or_else(|_| Err(internal("panicked".into())))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -330,6 +330,41 @@ async fn excluded_entries_and_everything_below_them_are_left_out() -> TestResult
     Ok(())
 }
 
+/// A tree deeper than restore allows backs up without exhausting the walker's stack: the
+/// directories at the limit are recorded (with an error saying why they are empty) and the
+/// snapshot restores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_deeper_than_restore_allows_is_cut_at_the_limit_and_restores() -> TestResult {
+    use nix::fcntl::{OFlag, openat};
+    use nix::sys::stat::{Mode, mkdirat};
+    let cancel = CancellationToken::new();
+    let (repo, _) = memory_repo().await;
+    let src = tempfile::tempdir()?;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let mut dir = openat(nix::fcntl::AT_FDCWD, src.path(), flags, Mode::empty())?;
+    for _ in 0..ferry_repo::MAX_DEPTH + 10 {
+        mkdirat(&dir, "d", Mode::from_bits_truncate(0o755))?;
+        dir = openat(&dir, "d", flags, Mode::empty())?;
+    }
+    drop(dir);
+    let summary = backup_tree(&repo, src.path(), &BackupOptions::default(), None, &cancel).await?;
+    assert_eq!(summary.errors, 1, "the one directory not entered is reported");
+    let out = tempfile::tempdir()?;
+    restore(&repo, &summary.snapshot_id, out.path(), &RestoreOptions::default(), None, &cancel)
+        .await?;
+    let mut levels = 0;
+    let mut at = out.path().to_path_buf();
+    let mut fd = openat(nix::fcntl::AT_FDCWD, &at, flags, Mode::empty())?;
+    while let Ok(next) = openat(&fd, "d", flags, Mode::empty()) {
+        fd = next;
+        levels += 1;
+        at.push("d");
+        assert!(levels <= ferry_repo::MAX_DEPTH + 10, "restored deeper than backed up");
+    }
+    assert_eq!(levels, ferry_repo::MAX_DEPTH, "directories down to the limit");
+    Ok(())
+}
+
 /// Every path below `root`, relative to it.
 fn walk(root: &std::path::Path) -> Vec<String> {
     let mut out = Vec::new();

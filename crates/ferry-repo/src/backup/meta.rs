@@ -1,7 +1,7 @@
 //! Reading an entry's metadata from `fstatat` results and extended attributes.
 
 use std::ffi::CString;
-use std::path::Path;
+use std::os::fd::AsRawFd;
 
 use nix::sys::stat::FileStat;
 
@@ -30,10 +30,14 @@ pub(crate) fn metadata(st: &FileStat, xattrs: Vec<Xattr>) -> Metadata {
     }
 }
 
-/// Extended attributes of `path`, not following a final symlink.
-pub(crate) fn xattrs_of(path: &Path) -> std::io::Result<Vec<Xattr>> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes().to_vec())
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+/// Extended attributes of the entry `name` of the directory open as `dir`, not following it
+/// if it is a symlink. It is named as `/proc/self/fd/<dir>/<name>`: the magic link is exactly
+/// that directory, so neither a path longer than `PATH_MAX` nor a directory above it swapped
+/// for a symlink since it was opened changes what is read.
+pub(crate) fn xattrs_at(dir: &impl AsRawFd, name: &[u8]) -> std::io::Result<Vec<Xattr>> {
+    let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+    path.extend_from_slice(name);
+    let c = CString::new(path).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     sys::list_xattrs(sys::Target::PathNoFollow(&c))
 }
 

@@ -305,7 +305,10 @@ fn run_pipeline(
                 RepoError::Cancelled
             })
         });
-        let walked = Walker::new(shared, event_tx, job_tx).walk_root(root, parent);
+        // The walker recurses once per directory level.
+        let walked = crate::sys::on_deep_stack(scope, "backup walker", move || {
+            Walker::new(shared, event_tx, job_tx).walk_root(root, parent)
+        });
         if let Err(e) = walked {
             shared.fail(e);
         }

@@ -20,10 +20,11 @@ use nix::sys::stat::{FileStat, Mode};
 
 use crate::backup::Shared;
 use crate::backup::files::FileJob;
-use crate::backup::meta::{file_type, may_be_sparse, metadata, xattrs_of};
+use crate::backup::meta::{file_type, may_be_sparse, metadata, xattrs_at};
 use crate::backup::trees::Event;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobId, FileContent, Node, NodeBody, Timestamp};
+use crate::restore::MAX_DEPTH;
 
 /// The parent snapshot's entries of one directory, read page by page as names advance.
 pub(crate) struct ParentDir {
@@ -82,6 +83,8 @@ pub(crate) struct Walker<'a> {
     hardlinks: HashMap<(u64, u64), u64>,
     /// Length of the root path plus its separator: what to cut for a path from the root.
     root_len: usize,
+    /// Directory levels below the root of the directory being walked.
+    depth: usize,
 }
 
 fn io(e: Errno) -> std::io::Error {
@@ -129,6 +132,7 @@ impl<'a> Walker<'a> {
             jobs,
             hardlinks: HashMap::new(),
             root_len: 0,
+            depth: 0,
         }
     }
 
@@ -155,7 +159,8 @@ impl<'a> Walker<'a> {
             .map_err(|e| RepoError::io("open backup root", root, io(e)))?;
         let st = nix::sys::stat::fstat(fd.as_fd())
             .map_err(|e| RepoError::io("stat backup root", root, io(e)))?;
-        let xattrs = xattrs_of(root).map_err(|e| RepoError::io("read xattrs of", root, e))?;
+        let xattrs = crate::sys::list_xattrs(crate::sys::Target::Fd(fd.as_fd()))
+            .map_err(|e| RepoError::io("read xattrs of", root, e))?;
         let node = Node {
             name: Vec::new(),
             body: NodeBody::Dir { pages: Vec::new() },
@@ -233,7 +238,7 @@ impl<'a> Walker<'a> {
         previous: Option<Node>,
     ) -> RepoResult<()> {
         let mut error = None;
-        let xattrs = xattrs_of(path).unwrap_or_else(|e| {
+        let xattrs = xattrs_at(dir.as_ref(), &name).unwrap_or_else(|e| {
             error = Some(format!("{}: read xattrs: {e}", path.display()));
             Vec::new()
         });
@@ -248,13 +253,22 @@ impl<'a> Walker<'a> {
         match kind {
             libc::S_IFDIR => {
                 node.body = NodeBody::Dir { pages: Vec::new() };
-                let opened =
-                    open_subdir(dir, &node.name).and_then(|fd| list(&fd).map(|names| (fd, names)));
+                // Restore refuses deeper trees: record the directory, not what is below it.
+                let opened = if self.depth + 1 >= MAX_DEPTH {
+                    Err(std::io::Error::other(format!(
+                        "nested deeper than {MAX_DEPTH} levels; its entries are not backed up"
+                    )))
+                } else {
+                    open_subdir(dir, &node.name).and_then(|fd| list(&fd).map(|names| (fd, names)))
+                };
                 match opened {
                     Ok((sub, names)) => {
                         let parent = previous.as_ref().and_then(ParentDir::new);
                         self.emit(Event::Enter(node))?;
-                        self.walk_dir(Arc::new(sub), path, names, parent)?;
+                        self.depth += 1;
+                        let walked = self.walk_dir(Arc::new(sub), path, names, parent);
+                        self.depth -= 1;
+                        walked?;
                     }
                     Err(e) => {
                         self.shared.progress.errors.fetch_add(1, Ordering::Relaxed);

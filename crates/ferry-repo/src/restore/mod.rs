@@ -275,23 +275,26 @@ fn run(
         }
         drop(rx);
         // The planner recurses once per directory level: give it a stack sized for MAX_DEPTH.
-        let planner = std::thread::Builder::new().stack_size(256 << 20).spawn_scoped(scope, || {
-            let mut p = plan::Planner {
-                shared,
-                tx,
-                batch: Vec::new(),
-                batch_bytes: 0,
-                hardlinks: HashMap::new(),
-                counts: Counts::default(),
-            };
-            match pages {
-                Some(pages) => p.dir(&root_fd, pages, target, 0)?,
-                // One entry of a snapshot restored on its own, into the target directory.
-                None => p.entry(&root_fd, root.clone(), target, 0)?,
-            }
-            p.flush()?;
-            Ok::<_, RepoError>(p.counts)
-        });
+        let planner = std::thread::Builder::new().stack_size(crate::sys::DEEP_STACK).spawn_scoped(
+            scope,
+            || {
+                let mut p = plan::Planner {
+                    shared,
+                    tx,
+                    batch: Vec::new(),
+                    batch_bytes: 0,
+                    hardlinks: HashMap::new(),
+                    counts: Counts::default(),
+                };
+                match pages {
+                    Some(pages) => p.dir(&root_fd, pages, target, 0)?,
+                    // One entry of a snapshot restored on its own, into the target directory.
+                    None => p.entry(&root_fd, root.clone(), target, 0)?,
+                }
+                p.flush()?;
+                Ok::<_, RepoError>(p.counts)
+            },
+        );
         match planner {
             Ok(h) => h.join().unwrap_or_else(|_| {
                 Err(RepoError::Internal { what: "restore planner", reason: "panicked".into() })
@@ -314,7 +317,11 @@ fn run(
     };
     // Directory metadata last, deepest first, once nothing more is written into them.
     let mut warnings = Warnings::default();
-    dir_metadata(shared, &root_fd, pages, target, 0, &mut warnings)?;
+    std::thread::scope(|scope| {
+        crate::sys::on_deep_stack(scope, "restore directory metadata", || {
+            dir_metadata(shared, &root_fd, pages, target, 0, &mut warnings)
+        })
+    })?;
     fsops::apply_fd(
         &root_fd.as_fd(),
         &root.meta,

@@ -36,7 +36,9 @@ impl Planner<'_> {
         path: &Path,
         depth: usize,
     ) -> RepoResult<()> {
-        if depth >= MAX_DEPTH {
+        // An empty directory at the limit is fine (backup records the deepest directories it
+        // does not enter that way); anything in it would be one level too deep.
+        if depth >= MAX_DEPTH && !pages.is_empty() {
             return Err(RepoError::UnsafeEntry {
                 path: path.to_path_buf(),
                 reason: format!("nesting deeper than {MAX_DEPTH}"),
