@@ -82,6 +82,10 @@ impl<H: Hook> Hooked<H> {
 
 #[async_trait]
 impl<H: Hook> ObjectStore for Hooked<H> {
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+
     async fn put_if_absent(
         &self,
         key: &ObjectKey,
@@ -145,6 +149,11 @@ mod tests {
 
     #[tokio::test]
     async fn calls_are_forwarded_and_reported_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs: Arc<dyn ObjectStore> = Arc::new(crate::FsStore::open(dir.path()).unwrap());
+        let hooked_fs = Hooked::new(Arc::clone(&fs), Log::default());
+        assert_eq!(hooked_fs.location(), fs.location(), "errors name the wrapped store");
+        assert!(hooked_fs.location().contains(&dir.path().display().to_string()));
         let store = Hooked::new(Arc::new(MemoryStore::new()), Log::default());
         let cancel = CancellationToken::new();
         let key = ObjectKey::new("data/ab/cd").unwrap();

@@ -53,7 +53,9 @@ fn create_parents(root: &Path, dir: &Path) -> StoreResult<()> {
         current.push(part);
         match fs::create_dir(&current) {
             Ok(()) => sync_dir(&parent)?,
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            // Another writer may have created it and not yet synced its parent: sync it here
+            // too, or a crash could lose the directory with the object about to go into it.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => sync_dir(&parent)?,
             Err(e) => return Err(StoreError::io("create directory", current, e)),
         }
     }

@@ -70,6 +70,11 @@ impl Site<'_> {
                 | CredentialsError::InvalidConfiguration(_) => {
                     StoreError::AccessDenied { location: self.bucket_location(), message }
                 }
+                // A provider that was refused (STS denying a role, a web identity token
+                // rejected) will be refused again: not worth retrying.
+                CredentialsError::ProviderError(_) if refused_by_provider(&message) => {
+                    StoreError::AccessDenied { location: self.bucket_location(), message }
+                }
                 _ => unavailable(message),
             };
         }
@@ -139,6 +144,19 @@ pub(super) fn code<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> 
     err.code()
 }
 
+/// Whether a credentials provider's error says it was refused (STS error codes), as opposed
+/// to being unreachable.
+fn refused_by_provider(message: &str) -> bool {
+    const REFUSALS: [&str; 5] = [
+        "AccessDenied",
+        "InvalidIdentityToken",
+        "ExpiredToken",
+        "InvalidClientTokenId",
+        "IDPRejectedClaim",
+    ];
+    REFUSALS.iter().any(|code| message.contains(code))
+}
+
 #[cfg(test)]
 mod tests {
     use aws_sdk_s3::error::ConnectorError;
@@ -163,6 +181,15 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_refused_credentials_provider_is_access_denied() {
+        let mapped = map(CredentialsError::provider_error(
+            "AccessDenied: Not authorized to perform sts:AssumeRoleWithWebIdentity",
+        ));
+        assert!(matches!(mapped, StoreError::AccessDenied { .. }), "{mapped:?}");
+        assert!(!mapped.is_retryable());
     }
 
     #[test]

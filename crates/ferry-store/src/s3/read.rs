@@ -68,6 +68,20 @@ impl Inner {
                 Err(e) => return Err(self.site().error(format!("get {key}"), Some(key), e)),
             };
             self.bucket_seen.store(true, Ordering::Relaxed);
+            // A server that ignores `Range` answers with the whole object: its bytes are not
+            // the ones asked for, whatever their number.
+            if let Some((offset, _)) = range
+                && out.content_range().and_then(range_start) != Some(offset)
+            {
+                return Err(self.backend_error(
+                    format!("get {key}"),
+                    &format!(
+                        "asked for bytes from {offset}, answered with content range {:?}: the \
+                         server does not honour ranged reads",
+                        out.content_range().unwrap_or("(none)")
+                    ),
+                ));
+            }
             let total = out.content_range().and_then(total_size);
             match out.body.collect().await {
                 Ok(body) => {
@@ -127,6 +141,12 @@ impl Inner {
 }
 
 /// The object size at the end of a `Content-Range` value (`bytes 0-9/1234`).
+/// The first byte of `bytes START-END/TOTAL`.
+fn range_start(content_range: &str) -> Option<u64> {
+    let (start, _) = content_range.strip_prefix("bytes ")?.split_once('-')?;
+    start.parse().ok()
+}
+
 fn total_size(content_range: &str) -> Option<u64> {
     content_range.rsplit_once('/').and_then(|(_, total)| total.parse().ok())
 }
@@ -134,6 +154,14 @@ fn total_size(content_range: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn content_range_starts() {
+        assert_eq!(range_start("bytes 10-99/100"), Some(10));
+        assert_eq!(range_start("bytes 0-0/1"), Some(0));
+        assert_eq!(range_start("bytes */77"), None);
+        assert_eq!(range_start("10-99/100"), None);
+    }
 
     #[test]
     fn content_range_totals() {
