@@ -42,6 +42,8 @@ use errors::Site;
 ///
 /// Creates are conditional (`If-None-Match: *` on `PutObject` and on
 /// `CompleteMultipartUpload`), so S3 itself decides races and never shows a partial object.
+/// Before its first create, a store checks that the server honours the condition (some older
+/// S3-compatible servers ignore it and overwrite), and refuses to write if not.
 /// Objects above [`S3Options::multipart_threshold`] go up in parts; failed or cancelled
 /// uploads are aborted.
 #[derive(Debug, Clone)]
@@ -61,6 +63,9 @@ struct Inner {
     /// Whether the bucket was seen to exist, so a bodiless 404 from `HeadObject` means a
     /// missing object rather than a missing bucket.
     bucket_seen: AtomicBool,
+    /// Set once a probe showed the server refuses a second `If-None-Match: *` write (see
+    /// `put::conditional_writes_honoured`).
+    conditional_probed: tokio::sync::OnceCell<()>,
 }
 
 impl S3Store {
@@ -87,6 +92,7 @@ impl S3Store {
                 endpoint,
                 options: config.options,
                 bucket_seen: AtomicBool::new(false),
+                conditional_probed: tokio::sync::OnceCell::new(),
             }),
         })
     }

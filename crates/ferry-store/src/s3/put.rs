@@ -32,6 +32,7 @@ pub(super) async fn put_if_absent(
     data: Bytes,
     cancel: &CancellationToken,
 ) -> StoreResult<PutOutcome> {
+    until_cancelled(cancel, inner.conditional_writes_honoured()).await?;
     let writer = format!("{:032x}", rand::random::<u128>());
     if data.len() as u64 <= inner.options.multipart_threshold {
         return until_cancelled(cancel, inner.put_single(key, data, &writer)).await;
@@ -87,6 +88,35 @@ fn refusal<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> Refusal 
 }
 
 impl Inner {
+    /// Checks once per store that a second conditional write of a key is refused: writes a
+    /// probe object twice and deletes it. Every safety argument of the repository (racing
+    /// inits, leases, gc marks) rests on S3 deciding such races.
+    async fn conditional_writes_honoured(&self) -> StoreResult<()> {
+        self.conditional_probed
+            .get_or_try_init(|| async {
+                let nonce = format!("{:032x}", rand::random::<u128>());
+                let key = ObjectKey::new(format!("probe/conditional-{nonce}"))
+                    .map_err(|e| self.backend_error("probe".into(), &e.to_string()))?;
+                let first = self.put_single(&key, Bytes::from_static(b"first"), &nonce).await?;
+                let second =
+                    self.put_single(&key, Bytes::from_static(b"second"), "another").await?;
+                if let Err(e) = self.delete(&key).await {
+                    tracing::warn!(%e, key = %key, "could not delete the conditional-write probe");
+                }
+                match (first, second) {
+                    (PutOutcome::Created, PutOutcome::AlreadyExists) => Ok(()),
+                    _ => Err(self.backend_error(
+                        "check conditional writes".into(),
+                        "the server overwrote an object written with If-None-Match: *; Ferry \
+                         needs conditional writes so concurrent writers cannot overwrite each \
+                         other (AWS S3 and current MinIO honour them)",
+                    )),
+                }
+            })
+            .await?;
+        Ok(())
+    }
+
     async fn put_single(
         &self,
         key: &ObjectKey,

@@ -315,3 +315,65 @@ async fn a_retried_write_that_had_committed_is_still_created() {
     assert!(matches!(again, Ok(PutOutcome::AlreadyExists)), "another write: {again:?}");
     assert_eq!(store.get(&key("config"), &live()).await.ok(), Some(data(100, 3)));
 }
+
+/// A TCP relay to `upstream` that removes `If-None-Match` headers from requests: an S3 server
+/// that ignores conditional writes, as some older compatible servers do.
+async fn condition_stripping_relay(upstream: std::net::SocketAddr) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+    let addr = listener.local_addr().expect("relay address");
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(upstream).await else { return };
+            let (mut client_rx, mut client_tx) = client.into_split();
+            let (mut server_rx, mut server_tx) = server.into_split();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n) = client_rx.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let text = String::from_utf8_lossy(&buf[..n]);
+                    let kept: Vec<u8> = if text.to_ascii_lowercase().contains("if-none-match:") {
+                        let lines = text.split_inclusive("\r\n");
+                        let kept =
+                            lines.filter(|l| !l.to_ascii_lowercase().starts_with("if-none-match:"));
+                        kept.collect::<String>().into_bytes()
+                    } else {
+                        buf[..n].to_vec()
+                    };
+                    if server_tx.write_all(&kept).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut server_rx, &mut client_tx).await;
+            });
+        }
+    });
+    addr
+}
+
+/// On a server that ignores `If-None-Match`, racing writers could overwrite each other: the
+/// store finds out with a probe before its first create and refuses to write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_ignores_conditional_writes_is_refused_before_any_write() {
+    let moto = MotoServer::shared();
+    let bucket = unique_bucket();
+    create_bucket(&admin_client(&moto.endpoint()), &bucket).await;
+    let relay = condition_stripping_relay(moto.addr()).await;
+    let options = s3_options(&format!("http://{relay}"));
+    let config = S3Config { bucket: bucket.clone(), prefix: String::new(), options };
+    let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let refused = store.put_if_absent(&key("config"), data(10, 1), &live()).await;
+    let message = match refused {
+        Err(e @ StoreError::Backend { .. }) => e.to_string(),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert!(message.contains("If-None-Match"), "{message}");
+    assert_eq!(store.head(&key("config"), &live()).await.ok(), Some(None), "nothing written");
+    let listed = admin_client(&moto.endpoint()).list_objects_v2().bucket(&bucket).send().await;
+    let listed = listed.unwrap_or_else(|e| panic!("{}", aws_sdk_s3::error::DisplayErrorContext(e)));
+    assert_eq!(listed.key_count(), Some(0), "the probe is cleaned up");
+}
