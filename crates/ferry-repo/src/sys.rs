@@ -106,16 +106,22 @@ pub(crate) fn set_xattr(t: Target<'_>, name: &[u8], value: &[u8]) -> io::Result<
 }
 
 /// Raises the soft limit on open files to the hard limit (deep trees keep one descriptor per
-/// level open).
-pub(crate) fn raise_fd_limit() {
+/// level open); returns the limit now in force.
+pub(crate) fn raise_fd_limit() -> u64 {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `lim` is a valid rlimit to fill and then pass back.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let wanted = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) == 0 {
+                lim = wanted;
+            }
         }
     }
+    lim.rlim_cur
 }
 
 /// Stack for code that recurses once per directory level, down to

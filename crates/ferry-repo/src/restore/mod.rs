@@ -39,8 +39,11 @@ use fsops::Warnings;
 pub const MAX_DEPTH: usize = 2048;
 /// Content bytes per batch sent to a worker (and per range of a large file).
 pub(crate) const BATCH_BYTES: u64 = 16 << 20;
-/// Files per batch.
+/// Files per batch, at most (fewer when open files are scarce: see `batch_items`).
 pub(crate) const BATCH_ITEMS: usize = 512;
+/// Descriptors kept back from batches: directories down the tree, hardlink groups' directories,
+/// the store, the runtime.
+const FDS_RESERVED: u64 = MAX_DEPTH as u64 + 1024;
 /// Warnings kept in the summary.
 const MAX_WARNINGS: usize = 100;
 
@@ -84,8 +87,18 @@ pub(crate) struct Shared {
     pub(crate) sparse: bool,
     pub(crate) owners: bool,
     pub(crate) progress: Counters,
+    /// Files per batch: every queued file is an open descriptor.
+    pub(crate) batch_items: usize,
     warnings: Mutex<Vec<String>>,
     failure: Mutex<Option<RepoError>>,
+}
+
+/// Files per batch so that every batch in flight (`threads` being written, twice that queued,
+/// one being planned) fits in `fd_limit` open files beside [`FDS_RESERVED`].
+fn batch_items(fd_limit: u64, threads: usize) -> usize {
+    let batches = 3 * threads.max(1) as u64 + 1;
+    let per_batch = fd_limit.saturating_sub(FDS_RESERVED) / batches;
+    usize::try_from(per_batch).unwrap_or(usize::MAX).clamp(1, BATCH_ITEMS)
 }
 
 impl Shared {
@@ -151,7 +164,12 @@ async fn restore_leased(
     cancel: &CancellationToken,
 ) -> RepoResult<RestoreSummary> {
     let started = Instant::now();
-    crate::sys::raise_fd_limit();
+    let fd_limit = crate::sys::raise_fd_limit();
+    let threads = if options.threads == 0 {
+        std::thread::available_parallelism().map_or(2, |n| n.get()) + 1
+    } else {
+        options.threads
+    };
     let snapshot = repo.load_snapshot(id, cancel).await?;
     let index = repo.refresh_index(cancel).await?;
     let root = match &options.subtree {
@@ -183,6 +201,7 @@ async fn restore_leased(
         sparse: options.sparse,
         owners: options.owners.unwrap_or_else(|| nix::unistd::geteuid().is_root()),
         progress: Counters::default(),
+        batch_items: batch_items(fd_limit, threads),
         warnings: Mutex::new(Vec::new()),
         failure: Mutex::new(None),
     });
@@ -196,11 +215,6 @@ async fn restore_leased(
     let ticker = {
         let shared = Arc::clone(&shared);
         Ticker::start(progress.clone(), move || shared.progress.snapshot(0, false))
-    };
-    let threads = if options.threads == 0 {
-        std::thread::available_parallelism().map_or(2, |n| n.get()) + 1
-    } else {
-        options.threads
     };
     let run = {
         let shared = Arc::clone(&shared);

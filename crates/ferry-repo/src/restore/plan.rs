@@ -13,7 +13,7 @@ use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobId, Node, NodeBody};
 use crate::restore::data::{Batch, Item, OpenFile};
 use crate::restore::fsops::{self, Warnings};
-use crate::restore::{BATCH_BYTES, BATCH_ITEMS, Counts, MAX_DEPTH, Shared, for_each_entry};
+use crate::restore::{BATCH_BYTES, Counts, MAX_DEPTH, Shared, for_each_entry};
 
 pub(crate) fn child_path(path: &Path, name: &[u8]) -> PathBuf {
     path.join(std::ffi::OsStr::new(&*String::from_utf8_lossy(name)))
@@ -163,7 +163,7 @@ impl Planner<'_> {
     fn push(&mut self, item: Item, len: u64) -> RepoResult<()> {
         self.batch.push(item);
         self.batch_bytes += len;
-        if self.batch_bytes >= BATCH_BYTES || self.batch.len() >= BATCH_ITEMS {
+        if self.batch_bytes >= BATCH_BYTES || self.batch.len() >= self.shared.batch_items {
             self.flush()?;
         }
         Ok(())

@@ -198,3 +198,12 @@ async fn missing_and_wrongly_sized_chunks_fail_the_restore() -> RepoResult<()> {
     assert!(matches!(restore_hostile(&repo, id).await?.0, Err(RepoError::MissingBlob { .. })));
     Ok(())
 }
+
+#[test]
+fn batches_shrink_to_fit_the_open_file_limit() {
+    assert_eq!(batch_items(1 << 20, 17), BATCH_ITEMS);
+    let scarce = batch_items(4096, 17);
+    assert!(scarce < BATCH_ITEMS, "{scarce}");
+    assert!((3 * 17 + 1) * scarce as u64 + FDS_RESERVED <= 4096, "{scarce}");
+    assert_eq!(batch_items(100, 4), 1, "always at least one file per batch");
+}
