@@ -80,19 +80,27 @@ async fn racing_inits_agree_on_one_repository() -> RepoResult<()> {
     Ok(())
 }
 
-/// Deletes one key file from the store just before `open` reads it, as a node that lost an
-/// init race (or `repo key remove`) does between another node's listing and its read.
+/// Deletes `doomed` just before the store answers a read (or, with `on_delete`, a delete) of
+/// `trigger`: another process's delete landing at that moment (a node that lost an init race,
+/// or `repo key remove`).
 #[derive(Debug)]
-struct VanishBeforeRead {
+struct DeleteBefore {
     store: Arc<dyn ObjectStore>,
-    key: ferry_store::ObjectKey,
+    on_delete: bool,
+    trigger: ferry_store::ObjectKey,
+    doomed: ferry_store::ObjectKey,
 }
 
 #[async_trait::async_trait]
-impl ferry_store::Hook for VanishBeforeRead {
+impl ferry_store::Hook for DeleteBefore {
     async fn before(&self, call: ferry_store::Call<'_>) {
-        if call == ferry_store::Call::Get(&self.key) {
-            let _ = self.store.delete(&self.key, &CancellationToken::new()).await;
+        let trigger = if self.on_delete {
+            ferry_store::Call::Delete(&self.trigger)
+        } else {
+            ferry_store::Call::Get(&self.trigger)
+        };
+        if call == trigger {
+            let _ = self.store.delete(&self.doomed, &CancellationToken::new()).await;
         }
     }
 }
@@ -107,7 +115,13 @@ async fn a_key_file_removed_after_the_listing_is_skipped() -> RepoResult<()> {
         // Open with the password whose key file is listed second; the first one vanishes.
         let (gone, password): (KeyId, &[u8]) =
             if repo.key_id() < b { (repo.key_id(), b"b") } else { (b, b"a") };
-        let hook = VanishBeforeRead { store: Arc::clone(&store), key: layout::key_file(&gone)? };
+        let gone_key = layout::key_file(&gone)?;
+        let hook = DeleteBefore {
+            store: Arc::clone(&store),
+            on_delete: false,
+            trigger: gone_key.clone(),
+            doomed: gone_key,
+        };
         let hooked: Arc<dyn ObjectStore> = Arc::new(ferry_store::Hooked::new(store, hook));
         let opened = Repository::open(hooked, password, &cancel).await?;
         assert_eq!(opened.config(), repo.config());
@@ -262,24 +276,6 @@ async fn no_key_is_removed_once_this_passwords_own_key_has_gone() -> RepoResult<
     Ok(())
 }
 
-/// Removes `other` (this process's own key) just as this process deletes `victim`: two
-/// processes removing each other's keys at once.
-#[derive(Debug)]
-struct CrossRemoval {
-    store: Arc<dyn ObjectStore>,
-    victim: ferry_store::ObjectKey,
-    other: ferry_store::ObjectKey,
-}
-
-#[async_trait::async_trait]
-impl ferry_store::Hook for CrossRemoval {
-    async fn before(&self, call: ferry_store::Call<'_>) {
-        if call == ferry_store::Call::Delete(&self.victim) {
-            let _ = self.store.delete(&self.other, &CancellationToken::new()).await;
-        }
-    }
-}
-
 #[tokio::test]
 async fn removing_each_others_keys_at_once_leaves_a_key_that_opens() -> RepoResult<()> {
     let cancel = CancellationToken::new();
@@ -290,10 +286,12 @@ async fn removing_each_others_keys_at_once_leaves_a_key_that_opens() -> RepoResu
             repo.key_id(),
             repo.add_password(b"b", KdfParams::insecure_for_tests(), &cancel).await?,
         );
-        let hook = CrossRemoval {
+        // Just as "a" deletes b's key, a process opened with "b" deletes a's.
+        let hook = DeleteBefore {
             store: Arc::clone(&store),
-            victim: layout::key_file(&b)?,
-            other: layout::key_file(&a)?,
+            on_delete: true,
+            trigger: layout::key_file(&b)?,
+            doomed: layout::key_file(&a)?,
         };
         let hooked: Arc<dyn ObjectStore> =
             Arc::new(ferry_store::Hooked::new(Arc::clone(&store), hook));
