@@ -667,3 +667,46 @@ fn stats_count_snapshots_unique_content_and_the_space_they_take() {
     assert!(text.starts_with("snapshots  2 (2 trees, 0 volumes)"), "{text}");
     assert!(text.contains("smaller than what was backed up"), "{text}");
 }
+
+/// A user (not root) restores over an earlier restore of a tree with a read-only directory:
+/// the kept directory is made writable while entries go in and read-only again at the end.
+/// Runs `ferry` as `nobody`, so the test needs root.
+#[test]
+fn restoring_again_over_a_read_only_directory_works_for_its_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    assert!(nix::unistd::geteuid().is_root(), "this test runs ferry as nobody: run it as root");
+    let nobody = (nix::unistd::Uid::from_raw(65_534), nix::unistd::Gid::from_raw(65_534));
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("ro")).expect("mkdir");
+    std::fs::write(src.join("ro/f.txt"), b"read-only home").expect("write");
+    for path in [src.join("ro/f.txt"), src.join("ro"), src.clone()] {
+        nix::unistd::chown(&path, Some(nobody.0), Some(nobody.1)).expect("chown");
+    }
+    std::fs::set_permissions(src.join("ro"), std::fs::Permissions::from_mode(0o555))
+        .expect("chmod");
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).expect("mkdir");
+    nix::unistd::chown(&work, Some(nobody.0), Some(nobody.1)).expect("chown");
+    let repo = format!("file://{}", work.join("repo").display());
+    let as_nobody = |args: &[&str]| {
+        let mut cmd = common::ferry_command(args);
+        cmd.uid(nobody.0.as_raw()).gid(nobody.1.as_raw()).env("HOME", &work);
+        cmd.output().expect("run ferry as nobody")
+    };
+    ok(&as_nobody(&["repo", "init", "--repo", &repo]));
+    let id = ok(&as_nobody(&["backup", "--repo", &repo, src.to_str().expect("utf-8")]));
+    let id = id.lines().last().expect("snapshot id").to_owned();
+    let out_arg = work.join("out");
+    let out_arg = out_arg.to_str().expect("utf-8");
+    for round in ["first", "over the first"] {
+        let restored = as_nobody(&["restore", "--repo", &repo, &id, out_arg]);
+        assert!(restored.status.success(), "{round} restore: {restored:?}");
+    }
+    let ro = work.join("out/ro");
+    assert_eq!(std::fs::read(ro.join("f.txt")).expect("restored"), b"read-only home");
+    let mode = std::fs::metadata(&ro).expect("stat").permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o555, "the directory's own mode again");
+}

@@ -103,17 +103,34 @@ fn create_replacing<T>(
 /// (a symlink planted by an earlier restore included) is replaced.
 pub(crate) fn ensure_dir(dir: &OwnedFd, name: &[u8]) -> io::Result<OwnedFd> {
     let mode = Mode::from_bits_truncate(0o700);
+    let mut kept = false;
     match nix::sys::stat::mkdirat(dir.as_fd(), name, mode) {
         Ok(()) => {}
         Err(Errno::EEXIST) => {
-            if existing_type(dir, name)? != Some(libc::S_IFDIR) {
+            if existing_type(dir, name)? == Some(libc::S_IFDIR) {
+                kept = true;
+            } else {
                 remove_any(dir, name)?;
                 nix::sys::stat::mkdirat(dir.as_fd(), name, mode).map_err(err)?;
             }
         }
         Err(e) => return Err(err(e)),
     }
-    open_dir(dir, name)
+    let fd = open_dir(dir, name)?;
+    if kept {
+        // A directory kept from an earlier restore has its restored mode (say 0555): make it
+        // writable for its owner while entries go in; the final pass sets the mode again.
+        // Not its owner: nothing to do, and nothing lost by trying.
+        if let Ok(st) = nix::sys::stat::fstat(&fd)
+            && st.st_mode & 0o700 != 0o700
+        {
+            let _ = nix::sys::stat::fchmod(
+                &fd,
+                Mode::from_bits_truncate((st.st_mode | 0o700) & 0o7777),
+            );
+        }
+    }
+    Ok(fd)
 }
 
 /// Creates a fresh regular file at `name` (replacing whatever was there) for writing.
