@@ -323,6 +323,9 @@ async fn complete_binding(
         other if other != pv_name => return Ok(()), // The claim went to another volume.
         _ => {}
     }
+    // The volume is Bound before the claim, as Kubernetes' PV controller does it: whoever sees
+    // a Bound claim finds its volume Bound too.
+    set_pv_phase(ctx, pv, "Bound").await?;
     let pv_spec = pv.spec.clone().unwrap_or_default();
     if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
         let status = json!({ "status": { "phase": "Bound", "capacity": pv_spec.capacity,
@@ -331,7 +334,7 @@ async fn complete_binding(
             .await
             .map_err(|e| SimError::api("patching status of", "PersistentVolumeClaim", &id, e))?;
     }
-    set_pv_phase(ctx, pv, "Bound").await
+    Ok(())
 }
 
 async fn set_pv_phase(ctx: &Ctx, pv: &PersistentVolume, phase: &str) -> Result<(), SimError> {
