@@ -710,3 +710,39 @@ fn restoring_again_over_a_read_only_directory_works_for_its_owner() {
     let mode = std::fs::metadata(&ro).expect("stat").permissions().mode() & 0o7777;
     assert_eq!(mode, 0o555, "the directory's own mode again");
 }
+
+/// A tree with more hardlink groups, in more directories, than the open-file limit: restore
+/// does not keep a descriptor per group (it failed with "Too many open files").
+#[test]
+fn restore_links_more_hardlink_groups_than_open_files_allow() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("links")).expect("mkdir");
+    for i in 0..600 {
+        let d = src.join(format!("d{i:03}"));
+        std::fs::create_dir(&d).expect("mkdir");
+        std::fs::write(d.join("f"), format!("file {i}")).expect("write");
+        std::fs::hard_link(d.join("f"), src.join(format!("links/l{i:03}"))).expect("link");
+    }
+    let repo = format!("file://{}", dir.path().join("repo").display());
+    ok(&common::ferry(&["repo", "init", "--repo", &repo]));
+    let id = ok(&common::ferry(&["backup", "--repo", &repo, src.to_str().expect("utf-8")]));
+    let id = id.lines().last().expect("snapshot id").to_owned();
+    let out = dir.path().join("out");
+    let restored = Command::new("sh")
+        .args(["-c", r#"ulimit -n 256 && exec "$@""#, "sh", env!("CARGO_BIN_EXE_ferry")])
+        .args(["restore", "--repo", &repo, &id, out.to_str().expect("utf-8")])
+        .env_remove("FERRY_REPO")
+        .env("FERRY_PASSWORD", common::PASSWORD)
+        .output()
+        .expect("run ferry with a low open-file limit");
+    ok(&restored);
+    for i in [0, 299, 599] {
+        let link = std::fs::metadata(out.join(format!("links/l{i:03}"))).expect("link");
+        let file = std::fs::metadata(out.join(format!("d{i:03}/f"))).expect("file");
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!((link.ino(), link.nlink()), (file.ino(), 2), "links/l{i:03}");
+        let text = std::fs::read_to_string(out.join(format!("links/l{i:03}"))).expect("read");
+        assert_eq!(text, format!("file {i}"));
+    }
+}

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use nix::sys::stat::SFlag;
 
@@ -19,12 +19,78 @@ pub(crate) fn child_path(path: &Path, name: &[u8]) -> PathBuf {
     path.join(std::ffi::OsStr::new(&*String::from_utf8_lossy(name)))
 }
 
+/// A directory's place under the restore target, kept so it can be opened again (one
+/// component at a time, never following a link) after its descriptor is closed.
+#[derive(Debug)]
+pub(crate) struct DirLoc {
+    up: Option<Arc<DirLoc>>,
+    name: Vec<u8>,
+}
+
+impl DirLoc {
+    /// The restore target itself.
+    pub(crate) fn root() -> Arc<Self> {
+        Arc::new(Self { up: None, name: Vec::new() })
+    }
+
+    fn child(self: &Arc<Self>, name: &[u8]) -> Arc<Self> {
+        Arc::new(Self { up: Some(Arc::clone(self)), name: name.to_vec() })
+    }
+
+    /// Opens this directory again, starting from the target's descriptor.
+    fn open(&self, root: &Arc<OwnedFd>) -> std::io::Result<Arc<OwnedFd>> {
+        let mut names = vec![self.name.as_slice()];
+        let mut at = self.up.as_deref();
+        while let Some(loc) = at {
+            names.push(loc.name.as_slice());
+            at = loc.up.as_deref();
+        }
+        names.pop(); // the target's own (empty) name
+        let mut fd = Arc::clone(root);
+        for name in names.iter().rev() {
+            fd = Arc::new(fsops::open_dir(&fd, name)?);
+        }
+        Ok(fd)
+    }
+}
+
+/// A member of a hardlink group already in the target. Its directory's descriptor is not
+/// kept open (a tree with many groups would run out of descriptors): it is reused while
+/// still open for other reasons and opened again by location otherwise.
+#[derive(Debug)]
+struct Placed {
+    dir: Weak<OwnedFd>,
+    loc: Arc<DirLoc>,
+    name: Vec<u8>,
+}
+
+impl Placed {
+    fn dir(&self, root: &Arc<OwnedFd>) -> std::io::Result<Arc<OwnedFd>> {
+        match self.dir.upgrade() {
+            Some(fd) => Ok(fd),
+            None => self.loc.open(root),
+        }
+    }
+}
+
+/// The members of a hardlink group seen so far: the first one backed up without an error
+/// (which the others are linked to), and those before it that had an error (restored on
+/// their own until such a member comes, then replaced by links to it, so one unreadable
+/// name does not leave every link empty).
+#[derive(Debug, Default)]
+pub(crate) struct Group {
+    anchor: Option<Placed>,
+    waiting: Vec<Placed>,
+}
+
 pub(crate) struct Planner<'a> {
     pub(crate) shared: &'a Shared,
     pub(crate) tx: crossbeam_channel::Sender<Batch>,
     pub(crate) batch: Batch,
     pub(crate) batch_bytes: u64,
-    pub(crate) hardlinks: HashMap<u64, (Arc<OwnedFd>, Vec<u8>)>,
+    /// The target's descriptor, to open directories again by [`DirLoc`].
+    pub(crate) root: Arc<OwnedFd>,
+    pub(crate) hardlinks: HashMap<u64, Group>,
     pub(crate) counts: Counts,
 }
 
@@ -32,6 +98,7 @@ impl Planner<'_> {
     pub(crate) fn dir(
         &mut self,
         fd: &Arc<OwnedFd>,
+        loc: &Arc<DirLoc>,
         pages: &[BlobId],
         path: &Path,
         depth: usize,
@@ -44,12 +111,13 @@ impl Planner<'_> {
                 reason: format!("nesting deeper than {MAX_DEPTH}"),
             });
         }
-        for_each_entry(self.shared, pages, path, |node| self.entry(fd, node, path, depth))
+        for_each_entry(self.shared, pages, path, |node| self.entry(fd, loc, node, path, depth))
     }
 
     pub(crate) fn entry(
         &mut self,
         dir: &Arc<OwnedFd>,
+        loc: &Arc<DirLoc>,
         node: Node,
         parent: &Path,
         depth: usize,
@@ -63,22 +131,32 @@ impl Planner<'_> {
             self.counts.errors += 1;
         }
         let what = path.display().to_string();
-        if let (Some(group), false) = (node.hardlink, matches!(node.body, NodeBody::Dir { .. })) {
-            if let Some((first_dir, first)) = self.hardlinks.get(&group) {
+        let mut anchors = None;
+        if let (Some(id), false) = (node.hardlink, matches!(node.body, NodeBody::Dir { .. })) {
+            let group = self.hardlinks.entry(id).or_default();
+            if let Some(anchor) = &group.anchor {
                 if matches!(node.body, NodeBody::File(_)) {
                     self.counts.files += 1;
                 }
-                return fsops::hard_link(first_dir, first, dir, &node.name)
+                let first_dir = anchor.dir(&self.root).map_err(io("open directory to link"))?;
+                return fsops::hard_link(&first_dir, &anchor.name, dir, &node.name)
                     .map_err(io("hard link"));
             }
-            self.hardlinks.insert(group, (Arc::clone(dir), node.name.clone()));
+            let here =
+                Placed { dir: Arc::downgrade(dir), loc: Arc::clone(loc), name: node.name.clone() };
+            if node.error.is_some() {
+                group.waiting.push(here);
+            } else {
+                group.anchor = Some(here);
+                anchors = Some(std::mem::take(&mut group.waiting));
+            }
         }
         let mut warnings = Warnings::default();
         match &node.body {
             NodeBody::Dir { pages } => {
                 let sub = fsops::ensure_dir(dir, &node.name).map_err(io("create directory"))?;
                 self.counts.dirs += 1;
-                self.dir(&Arc::new(sub), pages, &path, depth + 1)?;
+                self.dir(&Arc::new(sub), &loc.child(&node.name), pages, &path, depth + 1)?;
             }
             NodeBody::File(content) | NodeBody::Volume { content, .. } => {
                 let file = fsops::create_file(dir, &node.name).map_err(io("create file"))?;
@@ -157,6 +235,12 @@ impl Planner<'_> {
             }
         }
         self.shared.warn(warnings);
+        // Members before this one had errors: they become links to this one.
+        for earlier in anchors.unwrap_or_default() {
+            let earlier_dir = earlier.dir(&self.root).map_err(io("open directory to link"))?;
+            fsops::hard_link(dir, &node.name, &earlier_dir, &earlier.name)
+                .map_err(io("hard link"))?;
+        }
         Ok(())
     }
 

@@ -207,3 +207,52 @@ fn batches_shrink_to_fit_the_open_file_limit() {
     assert!((3 * 17 + 1) * scarce as u64 + FDS_RESERVED <= 4096, "{scarce}");
     assert_eq!(batch_items(100, 4), 1, "always at least one file per batch");
 }
+
+/// Members of hardlink groups whose first names were unreadable at backup time (restored
+/// empty on their own) become links to the first member that was read, also in a directory
+/// whose descriptor is closed by then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hardlink_members_with_errors_link_to_the_first_member_that_was_read() -> RepoResult<()> {
+    use std::os::unix::fs::MetadataExt;
+    let repo = repo().await?;
+    let member = |name: &[u8], body: NodeBody, group: u64, failed: bool| Node {
+        hardlink: Some(group),
+        error: failed.then(|| "read: Input/output error".to_owned()),
+        ..node(name, body)
+    };
+    let unread = || NodeBody::File(FileContent::default());
+    let inner = write_blobs_of(
+        &repo,
+        ObjectKind::TreeBlob,
+        vec![TreePage { entries: vec![member(b"e", unread(), 2, true)] }.encode()],
+    )
+    .await?;
+    let root = vec![
+        member(b"a", unread(), 1, true),
+        member(b"b", file(&repo, b"payload").await?, 1, false),
+        member(b"c", unread(), 1, true),
+        node(b"d", NodeBody::Dir { pages: inner }),
+        member(b"f", file(&repo, b"other").await?, 2, false),
+    ];
+    let id = snapshot_of(&repo, vec![root]).await?;
+    let out = tempfile::tempdir().map_err(|e| RepoError::io("tempdir", "/tmp", e))?;
+    let summary = restore(
+        &repo,
+        &id,
+        out.path(),
+        &RestoreOptions::default(),
+        None,
+        &CancellationToken::new(),
+    )
+    .await?;
+    assert_eq!(summary.entries_with_backup_errors, 3);
+    let read = |name: &str| std::fs::read(out.path().join(name)).unwrap_or_default();
+    let inode = |name: &str| std::fs::metadata(out.path().join(name)).map_or(0, |m| m.ino());
+    for (name, content, anchor) in
+        [("a", &b"payload"[..], "b"), ("c", b"payload", "b"), ("d/e", b"other", "f")]
+    {
+        assert_eq!(read(name), content, "{name}");
+        assert_eq!(inode(name), inode(anchor), "{name} is a link to {anchor}");
+    }
+    Ok(())
+}
