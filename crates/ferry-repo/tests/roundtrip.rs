@@ -380,3 +380,28 @@ fn walk(root: &std::path::Path) -> Vec<String> {
     }
     out
 }
+
+/// A directory whose entries encode to more than a page's byte limit (here by their xattrs;
+/// in life by files of many chunks) is split into pages by size, not only by entry count,
+/// and restores whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_of_large_entries_is_paged_by_size() -> TestResult {
+    let cancel = CancellationToken::new();
+    let (repo, _) = memory_repo().await;
+    let src = tempfile::tempdir()?;
+    for i in 0..320 {
+        let path = src.path().join(format!("f{i:03}"));
+        std::fs::write(&path, format!("{i}"))?;
+        common::set_xattr(&path, "user.big", &noise(3500, 7));
+    }
+    let s = backup_tree(&repo, src.path(), &BackupOptions::default(), None, &cancel).await?;
+    let snap = repo.load_snapshot(&s.snapshot_id, &cancel).await?;
+    let ferry_repo::format::NodeBody::Dir { pages } = &snap.root.body else {
+        panic!("a tree snapshot's root is a directory");
+    };
+    assert_eq!(pages.len(), 2, "320 entries of ~3.5 KB exceed one page of 1 MiB");
+    let out = tempfile::tempdir()?;
+    restore(&repo, &s.snapshot_id, out.path(), &RestoreOptions::default(), None, &cancel).await?;
+    assert_same_tree(src.path(), out.path());
+    Ok(())
+}

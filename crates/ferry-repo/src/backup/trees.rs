@@ -28,6 +28,8 @@ pub(crate) enum Event {
 struct OpenDir {
     node: Node,
     page: Vec<Node>,
+    /// Encoded size of `page`'s entries.
+    page_bytes: usize,
     pages: Vec<BlobId>,
 }
 
@@ -64,9 +66,12 @@ impl<'a> TreeBuilder<'a> {
             return Err(RepoError::Cancelled);
         }
         match event {
-            Event::Enter(node) => {
-                self.stack.push(OpenDir { node, page: Vec::new(), pages: Vec::new() })
-            }
+            Event::Enter(node) => self.stack.push(OpenDir {
+                node,
+                page: Vec::new(),
+                page_bytes: 0,
+                pages: Vec::new(),
+            }),
             Event::Entry(mut node, pending) => {
                 if let Some(rx) = pending {
                     let outcome = rx.recv().map_err(|_| RepoError::Cancelled)?;
@@ -118,21 +123,27 @@ impl<'a> TreeBuilder<'a> {
 
     fn push(&mut self, node: Node) -> RepoResult<()> {
         self.count(&node);
-        let full = {
-            let Some(top) = self.stack.last_mut() else {
-                return Err(RepoError::Internal {
-                    what: "tree builder",
-                    reason: "entry outside a directory".into(),
-                });
-            };
-            top.page.push(node);
-            (top.page.len() >= TreePage::MAX_ENTRIES).then(|| std::mem::take(&mut top.page))
+        let len = node.encoded_len();
+        let Some(top) = self.stack.last_mut() else {
+            return Err(RepoError::Internal {
+                what: "tree builder",
+                reason: "entry outside a directory".into(),
+            });
         };
-        if let Some(page) = full {
+        let full = !top.page.is_empty()
+            && (top.page.len() >= TreePage::MAX_ENTRIES
+                || top.page_bytes.saturating_add(len) > TreePage::MAX_BYTES);
+        if full {
+            let page = std::mem::take(&mut top.page);
+            top.page_bytes = 0;
             let id = self.write_page(page)?;
             if let Some(top) = self.stack.last_mut() {
                 top.pages.push(id);
             }
+        }
+        if let Some(top) = self.stack.last_mut() {
+            top.page.push(node);
+            top.page_bytes = top.page_bytes.saturating_add(len);
         }
         Ok(())
     }

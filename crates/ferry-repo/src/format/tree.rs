@@ -1,7 +1,7 @@
 //! Tree objects: one page of a directory's entries with full metadata.
 //!
 //! A directory's entries, sorted by name bytes, are split into pages of at most
-//! [`TreePage::MAX_ENTRIES`]; each page is a tree blob and the directory's node lists the
+//! [`TreePage::MAX_ENTRIES`] entries and [`TreePage::MAX_BYTES`] encoded bytes; each page is a tree blob and the directory's node lists the
 //! page ids. A directory of a million files therefore never has to sit in memory whole.
 //! Decoding checks what restore relies on: single-component names, strictly ascending (so no
 //! duplicates), consistent file extents and chunk lists.
@@ -191,6 +191,15 @@ pub struct Node {
     pub error: Option<String>,
 }
 
+impl Node {
+    /// Bytes this entry takes in an encoded [`TreePage`].
+    #[must_use]
+    pub fn encoded_len(&self) -> usize {
+        // Postcard's size flavor counts without writing; it fails only where encoding would.
+        postcard::experimental::serialized_size(self).unwrap_or(usize::MAX)
+    }
+}
+
 /// Checks that `name` is one safe path component.
 ///
 /// # Errors
@@ -225,6 +234,10 @@ pub struct TreePage {
 impl TreePage {
     /// Most entries in one page.
     pub const MAX_ENTRIES: usize = 4096;
+    /// A page is closed before an entry would take its encoding past this size (an entry
+    /// larger on its own, such as a file of terabytes in chunks, gets a page to itself).
+    /// 4,096 typical entries take a few hundred KiB.
+    pub const MAX_BYTES: usize = 1 << 20;
 
     /// The blob plaintext of this page.
     #[must_use]
@@ -377,6 +390,13 @@ pub(crate) mod tests {
         #[test]
         fn round_trip(p in page()) {
             prop_assert_eq!(TreePage::decode(&p.encode()).ok(), Some(p));
+        }
+
+        #[test]
+        fn a_page_is_its_count_and_its_entries(p in page()) {
+            // One-byte varint count for these small pages.
+            let entries: usize = p.entries.iter().map(Node::encoded_len).sum();
+            prop_assert_eq!(p.encode().len(), 1 + entries);
         }
 
         #[test]
