@@ -9,6 +9,7 @@ use ferry_store::{
 use tokio_util::sync::CancellationToken;
 
 use crate::support::moto::{MotoServer, free_port};
+use crate::support::relay;
 use crate::support::{admin_client, create_bucket, data, iam, key, s3_options, unique_bucket};
 
 /// Key prefix the contract stores use inside their bucket.
@@ -238,63 +239,6 @@ async fn listing_follows_continuation_tokens() {
     assert_eq!(listed.iter().map(|m| m.key.to_string()).collect::<Vec<_>>(), want);
 }
 
-/// A TCP relay to `upstream` that forwards everything, except that the answer to the first
-/// request starting with `request_line` never reaches the client: the relay reads it and
-/// closes the client's connection, as a network that drops a response does. Returns its
-/// address and the number of answers dropped so far.
-async fn answer_dropping_relay(
-    upstream: std::net::SocketAddr,
-    request_line: String,
-) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
-    let addr = listener.local_addr().expect("relay address");
-    let dropped = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&dropped);
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = tokio::net::TcpStream::connect(upstream).await else { return };
-            let (mut client_rx, mut client_tx) = client.into_split();
-            let (mut server_rx, mut server_tx) = server.into_split();
-            let swallow = Arc::new(AtomicBool::new(false));
-            let (armed, seen) = (Arc::clone(&swallow), Arc::clone(&counter));
-            let line = request_line.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 << 10];
-                while let Ok(n) = client_rx.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    if seen.load(Ordering::SeqCst) == 0 && buf[..n].starts_with(line.as_bytes()) {
-                        armed.store(true, Ordering::SeqCst);
-                    }
-                    if server_tx.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-            });
-            let counter = Arc::clone(&counter);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 << 10];
-                while let Ok(n) = server_rx.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    if swallow.load(Ordering::SeqCst) {
-                        counter.fetch_add(1, Ordering::SeqCst);
-                        break; // drops client_tx: the client sees the connection close
-                    }
-                    if client_tx.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    (addr, dropped)
-}
-
 /// The answer to a conditional PUT that committed is lost; the SDK retries and meets the
 /// object with 412. The write is still this writer's: `Created`, not `AlreadyExists` (which
 /// would make a repository init that won its race give up its key file).
@@ -304,7 +248,7 @@ async fn a_retried_write_that_had_committed_is_still_created() {
     let bucket = unique_bucket();
     create_bucket(&admin_client(&moto.endpoint()), &bucket).await;
     let line = format!("PUT /{bucket}/config?");
-    let (relay, dropped) = answer_dropping_relay(moto.addr(), line).await;
+    let (relay, dropped) = relay::answer_dropping(moto.addr(), line).await;
     let config =
         S3Config { bucket, prefix: String::new(), options: s3_options(&format!("http://{relay}")) };
     let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
@@ -316,45 +260,6 @@ async fn a_retried_write_that_had_committed_is_still_created() {
     assert_eq!(store.get(&key("config"), &live()).await.ok(), Some(data(100, 3)));
 }
 
-/// A TCP relay to `upstream` that removes `If-None-Match` headers from requests: an S3 server
-/// that ignores conditional writes, as some older compatible servers do.
-async fn condition_stripping_relay(upstream: std::net::SocketAddr) -> std::net::SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
-    let addr = listener.local_addr().expect("relay address");
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = tokio::net::TcpStream::connect(upstream).await else { return };
-            let (mut client_rx, mut client_tx) = client.into_split();
-            let (mut server_rx, mut server_tx) = server.into_split();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 << 10];
-                while let Ok(n) = client_rx.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    let text = String::from_utf8_lossy(&buf[..n]);
-                    let kept: Vec<u8> = if text.to_ascii_lowercase().contains("if-none-match:") {
-                        let lines = text.split_inclusive("\r\n");
-                        let kept =
-                            lines.filter(|l| !l.to_ascii_lowercase().starts_with("if-none-match:"));
-                        kept.collect::<String>().into_bytes()
-                    } else {
-                        buf[..n].to_vec()
-                    };
-                    if server_tx.write_all(&kept).await.is_err() {
-                        break;
-                    }
-                }
-            });
-            tokio::spawn(async move {
-                let _ = tokio::io::copy(&mut server_rx, &mut client_tx).await;
-            });
-        }
-    });
-    addr
-}
-
 /// On a server that ignores `If-None-Match`, racing writers could overwrite each other: the
 /// store finds out with a probe before its first create and refuses to write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,7 +267,7 @@ async fn a_server_that_ignores_conditional_writes_is_refused_before_any_write() 
     let moto = MotoServer::shared();
     let bucket = unique_bucket();
     create_bucket(&admin_client(&moto.endpoint()), &bucket).await;
-    let relay = condition_stripping_relay(moto.addr()).await;
+    let relay = relay::condition_stripping(moto.addr()).await;
     let options = s3_options(&format!("http://{relay}"));
     let config = S3Config { bucket: bucket.clone(), prefix: String::new(), options };
     let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
@@ -376,4 +281,29 @@ async fn a_server_that_ignores_conditional_writes_is_refused_before_any_write() 
     let listed = admin_client(&moto.endpoint()).list_objects_v2().bucket(&bucket).send().await;
     let listed = listed.unwrap_or_else(|e| panic!("{}", aws_sdk_s3::error::DisplayErrorContext(e)));
     assert_eq!(listed.key_count(), Some(0), "the probe is cleaned up");
+}
+
+/// S3 answers a `CompleteMultipartUpload` that raced another conditional write with `409
+/// ConditionalRequestConflict`; that upload is spent. The store aborts it and uploads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_on_completion_restarts_the_upload() {
+    let moto = MotoServer::shared();
+    let client = admin_client(&moto.endpoint());
+    let bucket = unique_bucket();
+    create_bucket(&client, &bucket).await;
+    let completion = format!("POST /{bucket}/packs/big?uploadId=");
+    let (relay, seen) = relay::conflict_injecting(moto.addr(), completion.clone()).await;
+    let config = S3Config {
+        bucket: bucket.clone(),
+        prefix: String::new(),
+        options: s3_options(&format!("http://{relay}")),
+    };
+    let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let outcome = store.put_if_absent(&key("packs/big"), data(12 << 20, 5), &live()).await;
+    assert!(matches!(outcome, Ok(PutOutcome::Created)), "{outcome:?}");
+    assert_eq!(seen.answered.load(std::sync::atomic::Ordering::SeqCst), 1, "409 injected");
+    let started = seen.count(&format!("POST /{bucket}/packs/big?uploads"));
+    assert_eq!((started, seen.count(&completion)), (2, 2), "a second upload, completed");
+    assert_eq!(store.get(&key("packs/big"), &live()).await.ok(), Some(data(12 << 20, 5)));
+    assert_eq!(pending_uploads(&client, &bucket).await, 0, "the spent upload is aborted");
 }

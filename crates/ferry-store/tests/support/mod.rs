@@ -3,6 +3,7 @@
 pub mod http;
 pub mod iam;
 pub mod moto;
+pub mod relay;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
