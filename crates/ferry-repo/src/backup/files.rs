@@ -42,6 +42,33 @@ pub(crate) struct FileWorker<'a> {
     buf: Vec<u8>,
 }
 
+/// Opens a listed file for reading, without following links, and returns it with its size
+/// now (a file truncated since it was listed must not be recorded at its old length).
+/// Anything but a regular file is refused: the entry may have been replaced since it was
+/// listed, and a FIFO must neither block the open nor be read.
+fn open_regular(dir: &OwnedFd, name: &[u8]) -> std::io::Result<(File, u64)> {
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (reads of regular files ignore
+    // the flag).
+    let flags = OFlag::O_RDONLY
+        | OFlag::O_NOFOLLOW
+        | OFlag::O_CLOEXEC
+        | OFlag::O_NOCTTY
+        | OFlag::O_NONBLOCK;
+    let fd = match nix::fcntl::openat(dir.as_fd(), name, flags | OFlag::O_NOATIME, Mode::empty()) {
+        Err(nix::errno::Errno::EPERM) => {
+            nix::fcntl::openat(dir.as_fd(), name, flags, Mode::empty())
+        }
+        other => other,
+    }?;
+    let st = nix::sys::stat::fstat(&fd)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(std::io::Error::other(
+            "replaced by something other than a regular file since it was listed; not read",
+        ));
+    }
+    Ok((File::from(fd), u64::try_from(st.st_size).unwrap_or(0)))
+}
+
 impl<'a> FileWorker<'a> {
     pub(crate) fn new(shared: &'a Shared, packer: LocalPacker) -> Self {
         Self { shared, packer, buf: Vec::new() }
@@ -69,35 +96,7 @@ impl<'a> FileWorker<'a> {
     }
 
     fn read_file(&mut self, job: &FileJob) -> Result<FileContent, ReadError> {
-        // O_NONBLOCK: if the file was replaced by a FIFO since it was listed, opening it must
-        // not wait for a writer (reads of regular files ignore the flag).
-        let flags = OFlag::O_RDONLY
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_CLOEXEC
-            | OFlag::O_NOCTTY
-            | OFlag::O_NONBLOCK;
-        let fd = match nix::fcntl::openat(
-            job.dir.as_fd(),
-            job.name.as_slice(),
-            flags | OFlag::O_NOATIME,
-            Mode::empty(),
-        ) {
-            Err(nix::errno::Errno::EPERM) => {
-                nix::fcntl::openat(job.dir.as_fd(), job.name.as_slice(), flags, Mode::empty())
-            }
-            other => other,
-        }
-        .map_err(|e| ReadError::File(std::io::Error::from(e)))?;
-        let st = nix::sys::stat::fstat(&fd).map_err(|e| ReadError::File(e.into()))?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(ReadError::File(std::io::Error::other(
-                "replaced by something other than a regular file since it was listed; not read",
-            )));
-        }
-        // The size now, not when listed: a file truncated in between must not be recorded as
-        // its old length of holes.
-        let size = u64::try_from(st.st_size).unwrap_or(0);
-        let file = File::from(fd);
+        let (file, size) = open_regular(&job.dir, &job.name).map_err(ReadError::File)?;
         let extents =
             if job.sparse { data_extents(&file, size).map_err(ReadError::File)? } else { None };
         let mut content = FileContent { size: 0, extents: None, chunks: Vec::new() };
@@ -220,4 +219,43 @@ fn data_extents(file: &File, size: u64) -> std::io::Result<Option<Vec<Extent>>> 
         pos = hole;
     }
     Ok(Some(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn open_in(dir: &std::path::Path) -> std::io::Result<OwnedFd> {
+        Ok(OwnedFd::from(File::open(dir)?))
+    }
+
+    /// What a worker meets when a listed file was replaced before it opened it: a FIFO
+    /// (opening it must not wait for a writer), a directory or a symlink: refused, promptly.
+    #[test]
+    fn a_listed_file_replaced_by_something_else_is_refused_without_blocking() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        nix::unistd::mkfifo(&tmp.path().join("fifo"), Mode::from_bits_truncate(0o644))
+            .expect("mkfifo");
+        std::fs::create_dir(tmp.path().join("dir")).expect("mkdir");
+        std::os::unix::fs::symlink("fifo", tmp.path().join("link")).expect("symlink");
+        std::fs::write(tmp.path().join("file"), b"12345").expect("write");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dir = open_in(tmp.path()).expect("open dir");
+        // On its own thread: an open that blocks fails the test instead of hanging it.
+        std::thread::spawn(move || {
+            for name in ["fifo", "dir", "link", "file"] {
+                let opened = open_regular(&dir, name.as_bytes()).map(|(_, size)| size);
+                let _ = tx.send((name, opened.map_err(|e| e.to_string())));
+            }
+        });
+        for want in ["fifo", "dir", "link"] {
+            let (name, opened) = rx.recv_timeout(Duration::from_secs(20)).expect("open blocked");
+            assert_eq!(name, want);
+            assert!(opened.is_err(), "{name} was opened as a file");
+        }
+        let (_, file) = rx.recv_timeout(Duration::from_secs(20)).expect("open blocked");
+        assert_eq!(file, Ok(5), "a regular file opens, with its size now");
+    }
 }
