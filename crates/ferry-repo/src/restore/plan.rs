@@ -131,7 +131,7 @@ impl Planner<'_> {
             self.counts.errors += 1;
         }
         let what = path.display().to_string();
-        let mut anchors = None;
+        let mut earlier_members = None;
         if let (Some(id), false) = (node.hardlink, matches!(node.body, NodeBody::Dir { .. })) {
             let group = self.hardlinks.entry(id).or_default();
             if let Some(anchor) = &group.anchor {
@@ -148,7 +148,7 @@ impl Planner<'_> {
                 group.waiting.push(here);
             } else {
                 group.anchor = Some(here);
-                anchors = Some(std::mem::take(&mut group.waiting));
+                earlier_members = Some(std::mem::take(&mut group.waiting));
             }
         }
         let mut warnings = Warnings::default();
@@ -236,7 +236,7 @@ impl Planner<'_> {
         }
         self.shared.warn(warnings);
         // Members before this one had errors: they become links to this one.
-        for earlier in anchors.unwrap_or_default() {
+        for earlier in earlier_members.unwrap_or_default() {
             let earlier_dir = earlier.dir(&self.root).map_err(io("open directory to link"))?;
             fsops::hard_link(dir, &node.name, &earlier_dir, &earlier.name)
                 .map_err(io("hard link"))?;
