@@ -7,6 +7,7 @@
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::format::Xattr;
 
@@ -17,6 +18,42 @@ pub(crate) enum Target<'a> {
     Fd(BorrowedFd<'a>),
     /// A path whose last component is not followed (`l*xattr`).
     PathNoFollow(&'a CStr),
+    /// The entry `name` of the directory `dir`, not followed (`*xattrat`, Linux 6.13; check
+    /// [`xattrat_available`] first).
+    At(BorrowedFd<'a>, &'a CStr),
+}
+
+/// `getxattrat` and `listxattrat` (Linux 6.13), numbered from the shared table of new system
+/// calls (x86-64, arm64, riscv64 use it); the libc crate does not name them yet.
+const SYS_GETXATTRAT: libc::c_long = 464;
+const SYS_LISTXATTRAT: libc::c_long = 465;
+
+/// The `struct xattr_args` of `getxattrat`.
+#[repr(C)]
+struct XattrArgs {
+    value: u64,
+    size: u32,
+    flags: u32,
+}
+
+/// Set once a `*xattrat` call found the kernel without them.
+static XATTRAT_MISSING: AtomicBool = AtomicBool::new(false);
+
+/// Whether [`Target::At`] can be used: false once a call found the kernel (or a seccomp
+/// filter) without `listxattrat`.
+pub(crate) fn xattrat_available() -> bool {
+    cfg!(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "riscv64"))
+        && !XATTRAT_MISSING.load(Ordering::Relaxed)
+}
+
+/// Records that a [`Target::At`] call failed with `e`; true if the calls do not exist here
+/// (then the caller falls back to another target).
+pub(crate) fn xattrat_missing(e: &io::Error) -> bool {
+    let missing = e.raw_os_error() == Some(libc::ENOSYS);
+    if missing {
+        XATTRAT_MISSING.store(true, Ordering::Relaxed);
+    }
+    missing
 }
 
 fn unsupported(e: &io::Error) -> bool {
@@ -30,6 +67,14 @@ fn list_raw(t: Target<'_>, buf: &mut [u8]) -> io::Result<usize> {
         match t {
             Target::Fd(fd) => libc::flistxattr(fd.as_raw_fd(), ptr, buf.len()),
             Target::PathNoFollow(p) => libc::llistxattr(p.as_ptr(), ptr, buf.len()),
+            Target::At(dir, name) => libc::syscall(
+                SYS_LISTXATTRAT,
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+                ptr,
+                buf.len(),
+            ) as isize,
         }
     };
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
@@ -42,6 +87,22 @@ fn get_raw(t: Target<'_>, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
         match t {
             Target::Fd(fd) => libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), ptr, buf.len()),
             Target::PathNoFollow(p) => libc::lgetxattr(p.as_ptr(), name.as_ptr(), ptr, buf.len()),
+            Target::At(dir, entry) => {
+                let mut args = XattrArgs {
+                    value: ptr as u64,
+                    size: u32::try_from(buf.len()).unwrap_or(u32::MAX),
+                    flags: 0,
+                };
+                libc::syscall(
+                    SYS_GETXATTRAT,
+                    dir.as_raw_fd(),
+                    entry.as_ptr(),
+                    libc::AT_SYMLINK_NOFOLLOW,
+                    name.as_ptr(),
+                    &raw mut args,
+                    std::mem::size_of::<XattrArgs>(),
+                ) as isize
+            }
         }
     };
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
@@ -100,6 +161,7 @@ pub(crate) fn set_xattr(t: Target<'_>, name: &[u8], value: &[u8]) -> io::Result<
             Target::PathNoFollow(p) => {
                 libc::lsetxattr(p.as_ptr(), cname.as_ptr(), ptr, value.len(), 0)
             }
+            Target::At(..) => return Err(io::Error::from_raw_os_error(libc::ENOSYS)),
         }
     };
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }

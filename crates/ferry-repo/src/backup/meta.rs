@@ -1,7 +1,7 @@
 //! Reading an entry's metadata from `fstatat` results and extended attributes.
 
 use std::ffi::CString;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 
 use nix::sys::stat::FileStat;
 
@@ -31,11 +31,25 @@ pub(crate) fn metadata(st: &FileStat, xattrs: Vec<Xattr>) -> Metadata {
 }
 
 /// Extended attributes of the entry `name` of the directory open as `dir`, not following it
-/// if it is a symlink. It is named as `/proc/self/fd/<dir>/<name>`: the magic link is exactly
-/// that directory, so neither a path longer than `PATH_MAX` nor a directory above it swapped
-/// for a symlink since it was opened changes what is read.
-pub(crate) fn xattrs_at(dir: &impl AsRawFd, name: &[u8]) -> std::io::Result<Vec<Xattr>> {
-    let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+/// if it is a symlink. The entry is named relative to the descriptor, so neither a path longer
+/// than `PATH_MAX` nor a directory above it swapped for a symlink since it was opened changes
+/// what is read: by `listxattrat`/`getxattrat` where the kernel has them (6.13), else as
+/// `/proc/self/fd/<dir>/<name>` (the magic link is exactly that directory, at the cost of a
+/// slower lookup).
+pub(crate) fn xattrs_at(dir: &impl AsFd, name: &[u8]) -> std::io::Result<Vec<Xattr>> {
+    let entry = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    if sys::xattrat_available() {
+        match sys::list_xattrs(sys::Target::At(dir.as_fd(), &entry)) {
+            Err(e) if sys::xattrat_missing(&e) => {}
+            done => return done,
+        }
+    }
+    xattrs_through_proc(dir, name)
+}
+
+/// [`xattrs_at`] for kernels without `listxattrat`.
+fn xattrs_through_proc(dir: &impl AsFd, name: &[u8]) -> std::io::Result<Vec<Xattr>> {
+    let mut path = format!("/proc/self/fd/{}/", dir.as_fd().as_raw_fd()).into_bytes();
     path.extend_from_slice(name);
     let c = CString::new(path).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     sys::list_xattrs(sys::Target::PathNoFollow(&c))
@@ -45,4 +59,47 @@ pub(crate) fn xattrs_at(dir: &impl AsRawFd, name: &[u8]) -> std::io::Result<Vec<
 pub(crate) fn may_be_sparse(st: &FileStat) -> bool {
     let allocated = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
     allocated < u64::try_from(st.st_size).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::OwnedFd;
+
+    use super::*;
+
+    fn set(path: &std::path::Path, name: &str, value: &[u8]) {
+        let p = CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+        let n = CString::new(name).expect("name");
+        sys::set_xattr(sys::Target::PathNoFollow(&p), n.as_bytes(), value).expect("set xattr");
+    }
+
+    /// Both ways of naming an entry by its directory read the same attributes, never through
+    /// a symlink, and fail for a missing entry.
+    #[test]
+    fn xattrs_by_directory_and_name_match_the_proc_path() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let file = tmp.path().join("f");
+        std::fs::write(&file, b"x").expect("write");
+        set(&file, "user.b", b"second");
+        set(&file, "user.a", &[0, 1, 2]);
+        std::os::unix::fs::symlink("f", tmp.path().join("link")).expect("symlink");
+        let dir = OwnedFd::from(std::fs::File::open(tmp.path()).expect("open"));
+        let want = vec![
+            Xattr { name: b"user.a".to_vec(), value: vec![0, 1, 2] },
+            Xattr { name: b"user.b".to_vec(), value: b"second".to_vec() },
+        ];
+        assert_eq!(xattrs_at(&dir, b"f").expect("xattrs"), want);
+        assert_eq!(xattrs_through_proc(&dir, b"f").expect("xattrs"), want);
+        assert_eq!(xattrs_at(&dir, b"link").expect("link"), vec![], "not followed");
+        assert_eq!(xattrs_through_proc(&dir, b"link").expect("link"), vec![], "not followed");
+        assert!(xattrs_at(&dir, b"missing").is_err());
+        assert!(xattrs_through_proc(&dir, b"missing").is_err());
+        if sys::xattrat_available() {
+            let name = CString::new("f").expect("name");
+            let direct = sys::list_xattrs(sys::Target::At(dir.as_fd(), &name)).expect("xattrat");
+            assert_eq!(direct, want);
+        } else {
+            eprintln!("this kernel has no listxattrat (6.13+): only the /proc path was tested");
+        }
+    }
 }
