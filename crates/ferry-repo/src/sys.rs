@@ -39,21 +39,16 @@ struct XattrArgs {
 /// Set once a `*xattrat` call found the kernel without them.
 static XATTRAT_MISSING: AtomicBool = AtomicBool::new(false);
 
-/// Whether [`Target::At`] can be used: false once a call found the kernel (or a seccomp
-/// filter) without `listxattrat`.
+/// Whether [`Target::At`] can be used: false on other architectures and after
+/// [`disable_xattrat`].
 pub(crate) fn xattrat_available() -> bool {
     cfg!(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "riscv64"))
         && !XATTRAT_MISSING.load(Ordering::Relaxed)
 }
 
-/// Records that a [`Target::At`] call failed with `e`; true if the calls do not exist here
-/// (then the caller falls back to another target).
-pub(crate) fn xattrat_missing(e: &io::Error) -> bool {
-    let missing = e.raw_os_error() == Some(libc::ENOSYS);
-    if missing {
-        XATTRAT_MISSING.store(true, Ordering::Relaxed);
-    }
-    missing
+/// Stops using [`Target::At`] in this process (the kernel or a seccomp filter refused it).
+pub(crate) fn disable_xattrat() {
+    XATTRAT_MISSING.store(true, Ordering::Relaxed);
 }
 
 fn unsupported(e: &io::Error) -> bool {

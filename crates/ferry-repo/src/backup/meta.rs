@@ -38,13 +38,22 @@ pub(crate) fn metadata(st: &FileStat, xattrs: Vec<Xattr>) -> Metadata {
 /// slower lookup).
 pub(crate) fn xattrs_at(dir: &impl AsFd, name: &[u8]) -> std::io::Result<Vec<Xattr>> {
     let entry = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    if sys::xattrat_available() {
-        match sys::list_xattrs(sys::Target::At(dir.as_fd(), &entry)) {
-            Err(e) if sys::xattrat_missing(&e) => {}
-            done => return done,
-        }
+    if !sys::xattrat_available() {
+        return xattrs_through_proc(dir, name);
     }
-    xattrs_through_proc(dir, name)
+    match sys::list_xattrs(sys::Target::At(dir.as_fd(), &entry)) {
+        // An older kernel; or a seccomp filter that refuses system calls it does not know
+        // with EPERM (container runtimes' default profiles), which no xattr call gives
+        // otherwise: the other way works there, so stop trying this one.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {
+            let other = xattrs_through_proc(dir, name);
+            if e.raw_os_error() == Some(libc::ENOSYS) || other.is_ok() {
+                sys::disable_xattrat();
+            }
+            other
+        }
+        done => done,
+    }
 }
 
 /// [`xattrs_at`] for kernels without `listxattrat`.
