@@ -204,7 +204,8 @@ pub(crate) fn on_deep_stack<'scope, 'env, T: Send + 'scope>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
+    use std::ffi::CString;
+    use std::os::fd::{AsFd, OwnedFd};
 
     #[test]
     fn set_then_list_round_trips_on_a_file() -> io::Result<()> {
@@ -223,5 +224,31 @@ mod tests {
             .map_err(io::Error::other)?;
         assert_eq!(list_xattrs(Target::PathNoFollow(&cpath))?, listed);
         Ok(())
+    }
+
+    /// `getxattrat` reads the entry itself: through a symlink to a file with the attribute
+    /// it finds none (user attributes exist only on files and directories).
+    #[test]
+    fn getxattrat_does_not_follow_a_symlink() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let file = tmp.path().join("f");
+        std::fs::write(&file, b"x").expect("write");
+        let path = CString::new(file.as_os_str().as_encoded_bytes()).expect("path");
+        set_xattr(Target::PathNoFollow(&path), b"user.a", &[0, 1, 2]).expect("set");
+        std::os::unix::fs::symlink("f", tmp.path().join("link")).expect("symlink");
+        let dir = OwnedFd::from(std::fs::File::open(tmp.path()).expect("open"));
+        let name = CString::new("user.a").expect("name");
+        let (f, link) = (CString::new("f").expect("f"), CString::new("link").expect("link"));
+        let mut buf = [0u8; 16];
+        match get_raw(Target::At(dir.as_fd(), &f), &name, &mut buf) {
+            Ok(n) => assert_eq!(&buf[..n], &[0, 1, 2]),
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                eprintln!("this kernel has no getxattrat (6.13+): nothing to test");
+                return;
+            }
+            Err(e) => panic!("getxattrat of the file: {e}"),
+        }
+        let through = get_raw(Target::At(dir.as_fd(), &link), &name, &mut buf);
+        assert_eq!(through.map_err(|e| e.raw_os_error()), Err(Some(libc::ENODATA)));
     }
 }

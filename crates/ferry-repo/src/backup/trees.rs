@@ -11,7 +11,9 @@ use std::sync::atomic::Ordering;
 use crate::backup::Shared;
 use crate::backup::files::FileOutcome;
 use crate::error::{RepoError, RepoResult};
-use crate::format::{BlobId, FileContent, Node, NodeBody, ObjectKind, Summary, TreePage};
+use crate::format::{
+    BlobId, FileContent, MAX_PLAINTEXT, Node, NodeBody, ObjectKind, Summary, TreePage,
+};
 use crate::repo::writer::LocalPacker;
 
 /// One step of the walk.
@@ -149,7 +151,25 @@ impl<'a> TreeBuilder<'a> {
     }
 
     fn write_page(&mut self, entries: Vec<Node>) -> RepoResult<BlobId> {
-        let raw = TreePage { entries }.encode();
+        let page = TreePage { entries };
+        let raw = page.encode();
+        // Only a single entry can get here (pages close at MAX_BYTES): a file listing some
+        // 14 million chunks. A snapshot holding it could never be read back: refuse it.
+        if raw.len() > MAX_PLAINTEXT {
+            return Err(RepoError::InvalidInput {
+                what: "backup source",
+                reason: format!(
+                    "{:?}: its chunk list takes {} MiB, over the {} MiB a tree page may hold \
+                     (a file of about 14 TB or more): this format cannot hold it",
+                    page.entries
+                        .first()
+                        .map(|n| String::from_utf8_lossy(&n.name))
+                        .unwrap_or_default(),
+                    raw.len() >> 20,
+                    MAX_PLAINTEXT >> 20
+                ),
+            });
+        }
         let id = self.shared.repo.keys().blob_id(&raw);
         if self.shared.claim(id) {
             self.packer.add(ObjectKind::TreeBlob, id, &raw)?;

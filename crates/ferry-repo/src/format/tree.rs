@@ -234,8 +234,8 @@ pub struct TreePage {
 impl TreePage {
     /// Most entries in one page.
     pub const MAX_ENTRIES: usize = 4096;
-    /// A page is closed before an entry would take its encoding past this size (an entry
-    /// larger on its own, such as a file of terabytes in chunks, gets a page to itself).
+    /// A page is closed before an entry would take its entries' encoding past this size (an
+    /// entry larger on its own, such as a file of terabytes in chunks, gets a page to itself).
     /// 4,096 typical entries take a few hundred KiB.
     pub const MAX_BYTES: usize = 1 << 20;
 

@@ -373,7 +373,10 @@ pub(crate) fn for_each_entry(
                 reason: "duplicate or unordered name across tree pages".into(),
             });
         }
-        last = tree.entries.last().map(|n| n.name.clone());
+        // An empty page between two others must not reset the order check.
+        if let Some(n) = tree.entries.last() {
+            last = Some(n.name.clone());
+        }
         for node in tree.entries {
             f(node)?;
         }

@@ -33,12 +33,12 @@ impl DirLoc {
         Arc::new(Self { up: None, name: Vec::new() })
     }
 
-    fn child(self: &Arc<Self>, name: &[u8]) -> Arc<Self> {
+    pub(crate) fn child(self: &Arc<Self>, name: &[u8]) -> Arc<Self> {
         Arc::new(Self { up: Some(Arc::clone(self)), name: name.to_vec() })
     }
 
     /// Opens this directory again, starting from the target's descriptor.
-    fn open(&self, root: &Arc<OwnedFd>) -> std::io::Result<Arc<OwnedFd>> {
+    pub(crate) fn open(&self, root: &Arc<OwnedFd>) -> std::io::Result<Arc<OwnedFd>> {
         let mut names = vec![self.name.as_slice()];
         let mut at = self.up.as_deref();
         while let Some(loc) = at {
@@ -57,7 +57,7 @@ impl DirLoc {
 /// A member of a hardlink group already in the target. Its directory's descriptor is not
 /// kept open (a tree with many groups would run out of descriptors): it is reused while
 /// still open for other reasons and opened again by location otherwise.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Placed {
     dir: Weak<OwnedFd>,
     loc: Arc<DirLoc>,
@@ -73,14 +73,16 @@ impl Placed {
     }
 }
 
-/// The members of a hardlink group seen so far: the first one backed up without an error
-/// (which the others are linked to), and those before it that had an error (restored on
-/// their own until such a member comes, then replaced by links to it, so one unreadable
-/// name does not leave every link empty).
-#[derive(Debug, Default)]
+/// A hardlink group in the target. Its members are linked to the first one; if that one had
+/// an error at backup time (its content may be missing), the first member without one takes
+/// over and every member so far is linked to it, so one unreadable name does not leave every
+/// link empty (and a group whose members all had errors stays one inode).
+#[derive(Debug)]
 pub(crate) struct Group {
-    anchor: Option<Placed>,
-    waiting: Vec<Placed>,
+    /// The member the others are linked to.
+    anchor: Placed,
+    /// While the anchor is a member with an error: all members so far, anchor included.
+    provisional: Option<Vec<Placed>>,
 }
 
 pub(crate) struct Planner<'a> {
@@ -131,24 +133,33 @@ impl Planner<'_> {
             self.counts.errors += 1;
         }
         let what = path.display().to_string();
-        let mut earlier_members = None;
+        let mut earlier_members = Vec::new();
         if let (Some(id), false) = (node.hardlink, matches!(node.body, NodeBody::Dir { .. })) {
-            let group = self.hardlinks.entry(id).or_default();
-            if let Some(anchor) = &group.anchor {
-                if matches!(node.body, NodeBody::File(_)) {
-                    self.counts.files += 1;
-                }
-                let first_dir = anchor.dir(&self.root).map_err(io("open directory to link"))?;
-                return fsops::hard_link(&first_dir, &anchor.name, dir, &node.name)
-                    .map_err(io("hard link"));
-            }
             let here =
                 Placed { dir: Arc::downgrade(dir), loc: Arc::clone(loc), name: node.name.clone() };
-            if node.error.is_some() {
-                group.waiting.push(here);
-            } else {
-                group.anchor = Some(here);
-                earlier_members = Some(std::mem::take(&mut group.waiting));
+            match self.hardlinks.get_mut(&id) {
+                Some(group) if group.provisional.is_none() || node.error.is_some() => {
+                    if matches!(node.body, NodeBody::File(_)) {
+                        self.counts.files += 1;
+                    }
+                    let anchor = &group.anchor;
+                    let first_dir = anchor.dir(&self.root).map_err(io("open directory to link"))?;
+                    fsops::hard_link(&first_dir, &anchor.name, dir, &node.name)
+                        .map_err(io("hard link"))?;
+                    if let Some(members) = &mut group.provisional {
+                        members.push(here);
+                    }
+                    return Ok(());
+                }
+                // The members so far had errors; this one is read: it takes over below.
+                Some(group) => {
+                    earlier_members = group.provisional.take().unwrap_or_default();
+                    group.anchor = here;
+                }
+                None => {
+                    let provisional = node.error.is_some().then(|| vec![here.clone()]);
+                    self.hardlinks.insert(id, Group { anchor: here, provisional });
+                }
             }
         }
         let mut warnings = Warnings::default();
@@ -197,6 +208,10 @@ impl Planner<'_> {
                     }
                 }
             }
+            // A link whose target could not be read at backup: there is nothing to create.
+            NodeBody::Symlink { target } if target.is_empty() => {
+                warnings.0.push(format!("{what}: symlink not restored: its target is unknown"));
+            }
             NodeBody::Symlink { target } => {
                 fsops::create_symlink(dir, &node.name, target).map_err(io("create symlink"))?;
                 fsops::apply_at(
@@ -236,7 +251,7 @@ impl Planner<'_> {
         }
         self.shared.warn(warnings);
         // Members before this one had errors: they become links to this one.
-        for earlier in earlier_members.unwrap_or_default() {
+        for earlier in earlier_members {
             let earlier_dir = earlier.dir(&self.root).map_err(io("open directory to link"))?;
             fsops::hard_link(dir, &node.name, &earlier_dir, &earlier.name)
                 .map_err(io("hard link"))?;

@@ -117,6 +117,14 @@ async fn duplicate_names_are_refused_within_and_across_pages() -> RepoResult<()>
     let within =
         snapshot_of(&repo, vec![vec![node(b"a", body.clone()), node(b"a", body.clone())]]).await?;
     assert!(matches!(restore_hostile(&repo, within).await?.0, Err(RepoError::Corrupt { .. })));
+    // The same name again after an empty page.
+    let across_empty = snapshot_of(
+        &repo,
+        vec![vec![node(b"a", body.clone())], vec![], vec![node(b"a", body.clone())]],
+    )
+    .await?;
+    let (r, _) = restore_hostile(&repo, across_empty).await?;
+    assert!(matches!(r, Err(RepoError::UnsafeEntry { .. })), "{r:?}");
     // A symlink named `x` in one page, then a directory `x` with a file in the next: the
     // classic symlink-then-file trick.
     let inner = write_blobs_of(
@@ -233,6 +241,9 @@ async fn hardlink_members_with_errors_link_to_the_first_member_that_was_read() -
         member(b"c", unread(), 1, true),
         node(b"d", NodeBody::Dir { pages: inner }),
         member(b"f", file(&repo, b"other").await?, 2, false),
+        // Every member had an error (say its xattrs could not be read): still one inode.
+        member(b"g", file(&repo, b"all failed").await?, 3, true),
+        member(b"h", file(&repo, b"all failed").await?, 3, true),
     ];
     let id = snapshot_of(&repo, vec![root]).await?;
     let out = tempfile::tempdir().map_err(|e| RepoError::io("tempdir", "/tmp", e))?;
@@ -245,14 +256,63 @@ async fn hardlink_members_with_errors_link_to_the_first_member_that_was_read() -
         &CancellationToken::new(),
     )
     .await?;
-    assert_eq!(summary.entries_with_backup_errors, 3);
+    assert_eq!(summary.entries_with_backup_errors, 5);
     let read = |name: &str| std::fs::read(out.path().join(name)).unwrap_or_default();
     let inode = |name: &str| std::fs::metadata(out.path().join(name)).map_or(0, |m| m.ino());
-    for (name, content, anchor) in
-        [("a", &b"payload"[..], "b"), ("c", b"payload", "b"), ("d/e", b"other", "f")]
-    {
+    for (name, content, anchor) in [
+        ("a", &b"payload"[..], "b"),
+        ("c", b"payload", "b"),
+        ("d/e", b"other", "f"),
+        ("h", b"all failed", "g"),
+    ] {
         assert_eq!(read(name), content, "{name}");
         assert_eq!(inode(name), inode(anchor), "{name} is a link to {anchor}");
     }
+    Ok(())
+}
+
+/// A directory reopened by its place under the target is refused once a component of the
+/// way has become a symlink, even one pointing at a directory of the same shape.
+#[test]
+fn reopening_a_directory_never_follows_a_replaced_component() -> RepoResult<()> {
+    let tmp = tempfile::tempdir().map_err(|e| RepoError::io("tempdir", "/tmp", e))?;
+    let io = |e| RepoError::io("set up", "/tmp", e);
+    std::fs::create_dir_all(tmp.path().join("target/a/b")).map_err(io)?;
+    std::fs::create_dir_all(tmp.path().join("elsewhere/b")).map_err(io)?;
+    let target = std::fs::File::open(tmp.path().join("target")).map_err(io)?;
+    let root = Arc::new(OwnedFd::from(target));
+    let loc = plan::DirLoc::root().child(b"a").child(b"b");
+    assert!(loc.open(&root).is_ok(), "the real directory opens");
+    std::fs::rename(tmp.path().join("target/a"), tmp.path().join("a-moved")).map_err(io)?;
+    std::os::unix::fs::symlink(tmp.path().join("elsewhere"), tmp.path().join("target/a"))
+        .map_err(io)?;
+    assert!(loc.open(&root).is_err(), "followed a symlink out of the target");
+    Ok(())
+}
+
+/// A symlink backup could not read (recorded with an error and no target) is left out with a
+/// warning; the rest of the tree restores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlink_whose_target_was_not_read_is_skipped_with_a_warning() -> RepoResult<()> {
+    let repo = repo().await?;
+    let unread = Node {
+        error: Some("read link: Permission denied".into()),
+        ..node(b"a", NodeBody::Symlink { target: Vec::new() })
+    };
+    let id =
+        snapshot_of(&repo, vec![vec![unread, node(b"b", file(&repo, b"kept").await?)]]).await?;
+    let out = tempfile::tempdir().map_err(|e| RepoError::io("tempdir", "/tmp", e))?;
+    let summary = restore(
+        &repo,
+        &id,
+        out.path(),
+        &RestoreOptions::default(),
+        None,
+        &CancellationToken::new(),
+    )
+    .await?;
+    assert_eq!(std::fs::read(out.path().join("b")).ok().as_deref(), Some(&b"kept"[..]));
+    assert!(std::fs::symlink_metadata(out.path().join("a")).is_err(), "nothing at a");
+    assert!(summary.warnings.iter().any(|w| w.contains("symlink not restored")), "{summary:?}");
     Ok(())
 }
