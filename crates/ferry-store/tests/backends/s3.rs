@@ -299,7 +299,9 @@ async fn a_conflict_on_completion_restarts_the_upload() {
         options: s3_options(&format!("http://{relay}")),
     };
     let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
-    let outcome = store.put_if_absent(&key("packs/big"), data(12 << 20, 5), &live()).await;
+    let (k, cancel) = (key("packs/big"), live());
+    let put = store.put_if_absent(&k, data(12 << 20, 5), &cancel);
+    let outcome = tokio::time::timeout(Duration::from_secs(120), put).await.expect("bounded");
     assert!(matches!(outcome, Ok(PutOutcome::Created)), "{outcome:?}");
     assert_eq!(seen.answered.load(std::sync::atomic::Ordering::SeqCst), 1, "409 injected");
     let started = seen.count(&format!("POST /{bucket}/packs/big?uploads"));

@@ -119,7 +119,8 @@ const CONFLICT: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error>\
 /// What [`conflict_injecting`] saw and did.
 #[derive(Debug, Default)]
 pub struct Injections {
-    /// The request line of every request seen.
+    /// The request line of every request seen (reads that start with a method; the rest are
+    /// bodies).
     pub requests: std::sync::Mutex<Vec<String>>,
     /// Requests answered with 409 (after reading them whole).
     pub answered: AtomicUsize,
@@ -164,7 +165,10 @@ pub async fn conflict_injecting(
                     break;
                 }
                 let request_line = buf[..n].split(|&b| b == b'\r').next().unwrap_or_default();
-                if let Ok(mut requests) = log.requests.lock() {
+                let is_request = ["GET ", "PUT ", "POST ", "HEAD ", "DELETE "]
+                    .iter()
+                    .any(|m| request_line.starts_with(m.as_bytes()));
+                if is_request && let Ok(mut requests) = log.requests.lock() {
                     requests.push(String::from_utf8_lossy(request_line).into_owned());
                 }
                 if buf[..n].starts_with(line.as_bytes()) && !log.armed.swap(true, Ordering::SeqCst)
