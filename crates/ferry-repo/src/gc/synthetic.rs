@@ -77,7 +77,7 @@ pub async fn populate(
                 hardlink: None,
                 error: None,
             });
-            if entries.len() == 4096 || f + 1 == (*last).min(files) {
+            if entries.len() == TreePage::MAX_ENTRIES || f + 1 == (*last).min(files) {
                 let raw = TreePage { entries: std::mem::take(&mut entries) }.encode();
                 let id = keys.blob_id(&raw);
                 tree.add(&keys, id, ObjectKind::TreeBlob, 3, &raw);
