@@ -41,8 +41,8 @@ pub const MAX_DEPTH: usize = 2048;
 pub(crate) const BATCH_BYTES: u64 = 16 << 20;
 /// Files per batch, at most (fewer when open files are scarce: see `batch_items`).
 pub(crate) const BATCH_ITEMS: usize = 512;
-/// Descriptors kept back from batches: directories down the tree (and one reopened to make a
-/// hard link), the store, the runtime.
+/// Descriptors kept back from batches: directories down the tree (and the last one reopened to
+/// make a hard link), the store, the runtime.
 const FDS_RESERVED: u64 = MAX_DEPTH as u64 + 1024;
 /// Warnings kept in the summary.
 const MAX_WARNINGS: usize = 100;
@@ -297,7 +297,7 @@ fn run(
                     tx,
                     batch: Vec::new(),
                     batch_bytes: 0,
-                    root: Arc::clone(&root_fd),
+                    reopen: plan::Reopener::new(Arc::clone(&root_fd)),
                     hardlinks: HashMap::new(),
                     counts: Counts::default(),
                 };

@@ -64,12 +64,31 @@ struct Placed {
     name: Vec<u8>,
 }
 
-impl Placed {
-    fn dir(&self, root: &Arc<OwnedFd>) -> std::io::Result<Arc<OwnedFd>> {
-        match self.dir.upgrade() {
-            Some(fd) => Ok(fd),
-            None => self.loc.open(root),
+/// Opens the directories of placed members again, keeping the last one reopened: links to
+/// one closed directory tend to come together (a snapshot tree linking to the one before).
+pub(crate) struct Reopener {
+    root: Arc<OwnedFd>,
+    last: Option<(Arc<DirLoc>, Arc<OwnedFd>)>,
+}
+
+impl Reopener {
+    /// Reopens below `root`, the target's descriptor.
+    pub(crate) fn new(root: Arc<OwnedFd>) -> Self {
+        Self { root, last: None }
+    }
+
+    fn dir(&mut self, placed: &Placed) -> std::io::Result<Arc<OwnedFd>> {
+        if let Some(fd) = placed.dir.upgrade() {
+            return Ok(fd);
         }
+        if let Some((loc, fd)) = &self.last
+            && Arc::ptr_eq(loc, &placed.loc)
+        {
+            return Ok(Arc::clone(fd));
+        }
+        let fd = placed.loc.open(&self.root)?;
+        self.last = Some((Arc::clone(&placed.loc), Arc::clone(&fd)));
+        Ok(fd)
     }
 }
 
@@ -90,8 +109,8 @@ pub(crate) struct Planner<'a> {
     pub(crate) tx: crossbeam_channel::Sender<Batch>,
     pub(crate) batch: Batch,
     pub(crate) batch_bytes: u64,
-    /// The target's descriptor, to open directories again by [`DirLoc`].
-    pub(crate) root: Arc<OwnedFd>,
+    /// Opens directories of earlier hardlink members again by their [`DirLoc`].
+    pub(crate) reopen: Reopener,
     pub(crate) hardlinks: HashMap<u64, Group>,
     pub(crate) counts: Counts,
 }
@@ -143,7 +162,8 @@ impl Planner<'_> {
                         self.counts.files += 1;
                     }
                     let anchor = &group.anchor;
-                    let first_dir = anchor.dir(&self.root).map_err(io("open directory to link"))?;
+                    let first_dir =
+                        self.reopen.dir(anchor).map_err(io("open directory to link"))?;
                     fsops::hard_link(&first_dir, &anchor.name, dir, &node.name)
                         .map_err(io("hard link"))?;
                     if let Some(members) = &mut group.provisional {
@@ -252,7 +272,7 @@ impl Planner<'_> {
         self.shared.warn(warnings);
         // Members before this one had errors: they become links to this one.
         for earlier in earlier_members {
-            let earlier_dir = earlier.dir(&self.root).map_err(io("open directory to link"))?;
+            let earlier_dir = self.reopen.dir(&earlier).map_err(io("open directory to link"))?;
             fsops::hard_link(dir, &node.name, &earlier_dir, &earlier.name)
                 .map_err(io("hard link"))?;
         }

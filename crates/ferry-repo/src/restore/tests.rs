@@ -232,7 +232,15 @@ async fn hardlink_members_with_errors_link_to_the_first_member_that_was_read() -
     let inner = write_blobs_of(
         &repo,
         ObjectKind::TreeBlob,
-        vec![TreePage { entries: vec![member(b"e", unread(), 2, true)] }.encode()],
+        vec![
+            TreePage {
+                entries: vec![
+                    member(b"e", unread(), 2, true),
+                    member(b"k", file(&repo, b"in d").await?, 4, false),
+                ],
+            }
+            .encode(),
+        ],
     )
     .await?;
     let root = vec![
@@ -244,6 +252,8 @@ async fn hardlink_members_with_errors_link_to_the_first_member_that_was_read() -
         // Every member had an error (say its xattrs could not be read): still one inode.
         member(b"g", file(&repo, b"all failed").await?, 3, true),
         member(b"h", file(&repo, b"all failed").await?, 3, true),
+        // Linked to d/k after d/e was relinked: d opened again (or reused) a second time.
+        member(b"l", file(&repo, b"in d").await?, 4, false),
     ];
     let id = snapshot_of(&repo, vec![root]).await?;
     let out = tempfile::tempdir().map_err(|e| RepoError::io("tempdir", "/tmp", e))?;
