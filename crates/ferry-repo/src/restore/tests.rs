@@ -63,6 +63,17 @@ async fn snapshot_rooted(repo: &Repository, root: Node) -> RepoResult<SnapshotId
     repo.save_snapshot(&snap, &CancellationToken::new()).await
 }
 
+/// Restores into a new temporary directory with default options.
+async fn restore_into_temp(
+    repo: &Repository,
+    id: SnapshotId,
+) -> RepoResult<(tempfile::TempDir, RestoreSummary)> {
+    let out = tempfile::tempdir().map_err(|e| RepoError::io("tempdir", "/tmp", e))?;
+    let options = RestoreOptions::default();
+    let summary = restore(repo, &id, out.path(), &options, None, &CancellationToken::new()).await?;
+    Ok((out, summary))
+}
+
 /// Restores into `<tmp>/target` and returns the error and whether anything appeared beside it.
 async fn restore_hostile(
     repo: &Repository,
@@ -256,16 +267,7 @@ async fn hardlink_members_with_errors_link_to_the_first_member_that_was_read() -
         member(b"l", file(&repo, b"in d").await?, 4, false),
     ];
     let id = snapshot_of(&repo, vec![root]).await?;
-    let out = tempfile::tempdir().map_err(|e| RepoError::io("tempdir", "/tmp", e))?;
-    let summary = restore(
-        &repo,
-        &id,
-        out.path(),
-        &RestoreOptions::default(),
-        None,
-        &CancellationToken::new(),
-    )
-    .await?;
+    let (out, summary) = restore_into_temp(&repo, id).await?;
     assert_eq!(summary.entries_with_backup_errors, 5);
     let read = |name: &str| std::fs::read(out.path().join(name)).unwrap_or_default();
     let inode = |name: &str| std::fs::metadata(out.path().join(name)).map_or(0, |m| m.ino());
@@ -311,16 +313,7 @@ async fn a_symlink_whose_target_was_not_read_is_skipped_with_a_warning() -> Repo
     };
     let id =
         snapshot_of(&repo, vec![vec![unread, node(b"b", file(&repo, b"kept").await?)]]).await?;
-    let out = tempfile::tempdir().map_err(|e| RepoError::io("tempdir", "/tmp", e))?;
-    let summary = restore(
-        &repo,
-        &id,
-        out.path(),
-        &RestoreOptions::default(),
-        None,
-        &CancellationToken::new(),
-    )
-    .await?;
+    let (out, summary) = restore_into_temp(&repo, id).await?;
     assert_eq!(std::fs::read(out.path().join("b")).ok().as_deref(), Some(&b"kept"[..]));
     assert!(std::fs::symlink_metadata(out.path().join("a")).is_err(), "nothing at a");
     assert!(summary.warnings.iter().any(|w| w.contains("symlink not restored")), "{summary:?}");
