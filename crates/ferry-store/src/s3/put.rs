@@ -46,7 +46,14 @@ pub(super) async fn put_if_absent(
     // spent, so start a new one (a few times, with backoff).
     let mut backoff = Backoff::new(&inner.options);
     loop {
-        let upload_id = until_cancelled(cancel, inner.create_upload(key, &writer)).await?;
+        // Not cut short by cancellation: an upload the server created but whose id never
+        // reached us could not be aborted, and would keep its parts (billed) until a bucket
+        // lifecycle rule removes them. The call is short and bounded by the SDK's timeouts.
+        let upload_id = inner.create_upload(key, &writer).await?;
+        if cancel.is_cancelled() {
+            inner.abort_upload(key, &upload_id).await;
+            return Err(crate::StoreError::Cancelled);
+        }
         let result = until_cancelled(
             cancel,
             inner.upload_and_complete(key, &upload_id, data.clone(), &writer),

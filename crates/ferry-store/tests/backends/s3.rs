@@ -9,7 +9,7 @@ use ferry_store::{
 use tokio_util::sync::CancellationToken;
 
 use crate::support::moto::{MotoServer, free_port};
-use crate::support::relay;
+use crate::support::relay::{self, OnAnswer};
 use crate::support::{admin_client, create_bucket, data, iam, key, s3_options, unique_bucket};
 
 /// Key prefix the contract stores use inside their bucket.
@@ -140,6 +140,44 @@ async fn cancel_during_multipart_upload_aborts_it() {
     assert_eq!(pending_uploads(&client, store.bucket()).await, 0, "upload not aborted");
 }
 
+/// Cancelled while the server is creating the multipart upload (its answer is held back): the
+/// store still learns the upload's id and aborts it, leaving no parts behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_while_an_upload_is_being_created_still_aborts_it() {
+    let moto = MotoServer::shared();
+    let client = admin_client(&moto.endpoint());
+    let bucket = unique_bucket();
+    create_bucket(&client, &bucket).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let line = format!("POST /{bucket}/packs/slow?uploads");
+    let hold = OnAnswer::Hold(Arc::clone(&release));
+    let (relay, held) = relay::intercept_answer(moto.addr(), line, hold).await;
+    let options = s3_options(&format!("http://{relay}"));
+    let config = S3Config { bucket: bucket.clone(), prefix: String::new(), options };
+    let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let cancel = CancellationToken::new();
+    let writer = {
+        let (store, cancel) = (store.clone(), cancel.clone());
+        tokio::spawn(async move {
+            store.put_if_absent(&key("packs/slow"), data(12 << 20, 6), &cancel).await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while held.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the upload was never created");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(pending_uploads(&client, &bucket).await, 1, "created, its answer held");
+    cancel.cancel();
+    // Time for a store that gives up on the held answer to do so before it arrives.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    release.notify_one();
+    let outcome = tokio::time::timeout(Duration::from_secs(60), writer).await.expect("bounded");
+    let outcome = outcome.unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(outcome, Err(StoreError::Cancelled)), "{outcome:?}");
+    assert_eq!(pending_uploads(&client, &bucket).await, 0, "upload not aborted");
+}
+
 #[tokio::test]
 async fn missing_bucket_is_location_missing() {
     let moto = MotoServer::shared();
@@ -248,7 +286,7 @@ async fn a_retried_write_that_had_committed_is_still_created() {
     let bucket = unique_bucket();
     create_bucket(&admin_client(&moto.endpoint()), &bucket).await;
     let line = format!("PUT /{bucket}/config?");
-    let (relay, dropped) = relay::answer_dropping(moto.addr(), line).await;
+    let (relay, dropped) = relay::intercept_answer(moto.addr(), line, OnAnswer::Drop).await;
     let config =
         S3Config { bucket, prefix: String::new(), options: s3_options(&format!("http://{relay}")) };
     let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));

@@ -29,24 +29,34 @@ where
     addr
 }
 
-/// Forwards everything, except that the answer to the first request starting with
-/// `request_line` never reaches the client: the relay reads it and closes the client's
-/// connection, as a network that drops a response does. Returns its address and the number
-/// of answers dropped so far.
-pub async fn answer_dropping(
+/// What [`intercept_answer`] does with the answer it intercepts.
+#[derive(Debug, Clone)]
+pub enum OnAnswer {
+    /// Reads it and closes the client's connection, as a network that drops a response does.
+    Drop,
+    /// Holds it until notified, then passes it on: a slow answer, for a client to give up on.
+    Hold(Arc<tokio::sync::Notify>),
+}
+
+/// Forwards everything, except the answer to the first request starting with
+/// `request_line`, which it drops or holds. Returns its address and the number of answers
+/// intercepted so far (counted when the answer arrives from upstream).
+pub async fn intercept_answer(
     upstream: SocketAddr,
     request_line: String,
+    action: OnAnswer,
 ) -> (SocketAddr, Arc<AtomicUsize>) {
-    let dropped = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&dropped);
+    let intercepted = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&intercepted);
     let addr = relay(upstream, move |client, server| {
         let (seen, counter, line) =
             (Arc::clone(&counter), Arc::clone(&counter), request_line.clone());
+        let action = action.clone();
         async move {
             let (mut client_rx, mut client_tx) = client.into_split();
             let (mut server_rx, mut server_tx) = server.into_split();
-            let swallow = Arc::new(AtomicBool::new(false));
-            let armed = Arc::clone(&swallow);
+            let intercept = Arc::new(AtomicBool::new(false));
+            let armed = Arc::clone(&intercept);
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 << 10];
                 while let Ok(n) = client_rx.read(&mut buf).await {
@@ -66,9 +76,12 @@ pub async fn answer_dropping(
                 if n == 0 {
                     break;
                 }
-                if swallow.load(Ordering::SeqCst) {
+                if intercept.swap(false, Ordering::SeqCst) {
                     counter.fetch_add(1, Ordering::SeqCst);
-                    break; // drops client_tx: the client sees the connection close
+                    match &action {
+                        OnAnswer::Drop => break, // drops client_tx: the client sees it close
+                        OnAnswer::Hold(release) => release.notified().await,
+                    }
                 }
                 if client_tx.write_all(&buf[..n]).await.is_err() {
                     break;
@@ -77,7 +90,7 @@ pub async fn answer_dropping(
         }
     })
     .await;
-    (addr, dropped)
+    (addr, intercepted)
 }
 
 /// Removes `If-None-Match` headers from requests: an S3 server that ignores conditional
