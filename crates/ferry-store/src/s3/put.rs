@@ -21,6 +21,9 @@ use crate::{ObjectKey, PutOutcome, StoreResult};
 const MAX_PARTS: u64 = 10_000;
 /// Limit for aborting a failed upload, which runs even after cancellation.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a cancelled start of a multipart upload may still take to answer (so the upload
+/// can be aborted).
+const CREATE_GRACE: Duration = Duration::from_secs(5);
 /// User metadata naming the write that created an object (`x-amz-meta-ferry-writer`). When
 /// the SDK retries a write whose first attempt committed but whose answer was lost, the retry
 /// meets its own object (412); this tells that apart from another writer's.
@@ -46,14 +49,9 @@ pub(super) async fn put_if_absent(
     // spent, so start a new one (a few times, with backoff).
     let mut backoff = Backoff::new(&inner.options);
     loop {
-        // Not cut short by cancellation: an upload the server created but whose id never
-        // reached us could not be aborted, and would keep its parts (billed) until a bucket
-        // lifecycle rule removes them. The call is short and bounded by the SDK's timeouts.
-        let upload_id = inner.create_upload(key, &writer).await?;
-        if cancel.is_cancelled() {
-            inner.abort_upload(key, &upload_id).await;
+        let Some(upload_id) = inner.create_upload_or_cancel(key, &writer, cancel).await? else {
             return Err(crate::StoreError::Cancelled);
-        }
+        };
         let result = until_cancelled(
             cancel,
             inner.upload_and_complete(key, &upload_id, data.clone(), &writer),
@@ -170,6 +168,36 @@ impl Inner {
             .map_err(|e| self.site().error(format!("head {key} after a refused write"), None, e))?;
         let ours = out.metadata().and_then(|m| m.get(WRITER)).is_some_and(|w| w == writer);
         Ok(if ours { PutOutcome::Created } else { PutOutcome::AlreadyExists })
+    }
+
+    /// Starts a multipart upload; `None` if cancelled. A cancel does not drop an answer that
+    /// is on its way: an upload the server created but whose id never reached us could not
+    /// be aborted and would keep its parts (billed) until a bucket lifecycle rule removes
+    /// them. So the answer gets [`CREATE_GRACE`] to arrive, and the upload is aborted.
+    async fn create_upload_or_cancel(
+        &self,
+        key: &ObjectKey,
+        writer: &str,
+        cancel: &CancellationToken,
+    ) -> StoreResult<Option<String>> {
+        let create = self.create_upload(key, writer);
+        tokio::pin!(create);
+        tokio::select! {
+            created = &mut create => created.map(Some),
+            () = cancel.cancelled() => {
+                match tokio::time::timeout(CREATE_GRACE, create).await {
+                    Ok(Ok(upload_id)) => self.abort_upload(key, &upload_id).await,
+                    Ok(Err(_)) => {}
+                    Err(_) => tracing::warn!(
+                        key = %key,
+                        "cancelled while a multipart upload was being started and the server \
+                         did not answer; if it was created, the bucket's lifecycle rule for \
+                         incomplete uploads removes it"
+                    ),
+                }
+                Ok(None)
+            }
+        }
     }
 
     async fn create_upload(&self, key: &ObjectKey, writer: &str) -> StoreResult<String> {
