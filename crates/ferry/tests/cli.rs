@@ -729,13 +729,13 @@ fn restore_links_more_hardlink_groups_than_open_files_allow() {
     let id = ok(&common::ferry(&["backup", "--repo", &repo, src.to_str().expect("utf-8")]));
     let id = id.lines().last().expect("snapshot id").to_owned();
     let out = dir.path().join("out");
-    let restored = Command::new("sh")
-        .args(["-c", r#"ulimit -n 256 && exec "$@""#, "sh", env!("CARGO_BIN_EXE_ferry")])
-        .args(["restore", "--repo", &repo, &id, out.to_str().expect("utf-8")])
-        .env_remove("FERRY_REPO")
-        .env("FERRY_PASSWORD", common::PASSWORD)
-        .output()
-        .expect("run ferry with a low open-file limit");
+    let low_limit = ["sh", "-c", r#"ulimit -n 256 && exec "$@""#, "sh"];
+    let restored = common::ferry_through(
+        &low_limit,
+        &["restore", "--repo", &repo, &id, out.to_str().expect("utf-8")],
+    )
+    .output()
+    .expect("run ferry with a low open-file limit");
     ok(&restored);
     for i in [0, 299, 599] {
         let link = std::fs::metadata(out.join(format!("links/l{i:03}"))).expect("link");

@@ -39,13 +39,7 @@ else:
 "#;
 
 fn python(script: &str, args: &[&str]) -> std::process::Output {
-    Command::new("python3")
-        .args(["-c", script])
-        .args(args)
-        .env_remove("FERRY_REPO")
-        .env("FERRY_PASSWORD", common::PASSWORD)
-        .output()
-        .expect("run python3")
+    Command::new("python3").args(["-c", script]).args(args).output().expect("run python3")
 }
 
 #[test]
@@ -62,8 +56,9 @@ fn xattrs_are_read_when_a_seccomp_filter_refuses_the_new_calls() {
     ok(&common::ferry(&["repo", "init", "--repo", &repo]));
     for (errno, what) in [(1, "EPERM"), (38, "ENOSYS")] {
         let errno = errno.to_string();
-        let args = [&errno, env!("CARGO_BIN_EXE_ferry"), "backup", "--repo", &repo, "--json"];
-        let backup = python(UNDER_FILTER, &[&args[..], &[src.to_str().expect("utf-8")]].concat());
+        let filter = ["python3", "-c", UNDER_FILTER, &errno];
+        let args = ["backup", "--repo", &repo, "--json", src.to_str().expect("utf-8")];
+        let backup = common::ferry_through(&filter, &args).output().expect("run ferry filtered");
         let json: serde_json::Value =
             serde_json::from_str(ok(&backup).trim()).expect("backup summary");
         assert_eq!(json["errors"], 0, "{what}: {}", String::from_utf8_lossy(&backup.stderr));

@@ -33,6 +33,13 @@ mod contract {
     crate::contract_tests!(super::fixture, non_atomic_conditional_writes);
 }
 
+/// A store on `bucket` (no prefix) that reaches moto through the relay at `relay`.
+async fn store_through(relay: std::net::SocketAddr, bucket: &str) -> S3Store {
+    let options = s3_options(&format!("http://{relay}"));
+    let config = S3Config { bucket: bucket.to_owned(), prefix: String::new(), options };
+    S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
 fn live() -> CancellationToken {
     CancellationToken::new()
 }
@@ -152,9 +159,7 @@ async fn cancel_while_an_upload_is_being_created_still_aborts_it() {
     let line = format!("POST /{bucket}/packs/slow?uploads");
     let hold = OnAnswer::Hold(Arc::clone(&release));
     let (relay, held) = relay::intercept_answer(moto.addr(), line, hold).await;
-    let options = s3_options(&format!("http://{relay}"));
-    let config = S3Config { bucket: bucket.clone(), prefix: String::new(), options };
-    let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let store = store_through(relay, &bucket).await;
     let cancel = CancellationToken::new();
     let writer = {
         let (store, cancel) = (store.clone(), cancel.clone());
@@ -287,9 +292,7 @@ async fn a_retried_write_that_had_committed_is_still_created() {
     create_bucket(&admin_client(&moto.endpoint()), &bucket).await;
     let line = format!("PUT /{bucket}/config?");
     let (relay, dropped) = relay::intercept_answer(moto.addr(), line, OnAnswer::Drop).await;
-    let config =
-        S3Config { bucket, prefix: String::new(), options: s3_options(&format!("http://{relay}")) };
-    let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let store = store_through(relay, &bucket).await;
     let outcome = store.put_if_absent(&key("config"), data(100, 3), &live()).await;
     assert_eq!(dropped.load(std::sync::atomic::Ordering::SeqCst), 1, "the answer was dropped");
     assert!(matches!(outcome, Ok(PutOutcome::Created)), "{outcome:?}");
@@ -306,9 +309,7 @@ async fn a_server_that_ignores_conditional_writes_is_refused_before_any_write() 
     let bucket = unique_bucket();
     create_bucket(&admin_client(&moto.endpoint()), &bucket).await;
     let relay = relay::condition_stripping(moto.addr()).await;
-    let options = s3_options(&format!("http://{relay}"));
-    let config = S3Config { bucket: bucket.clone(), prefix: String::new(), options };
-    let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let store = store_through(relay, &bucket).await;
     let refused = store.put_if_absent(&key("config"), data(10, 1), &live()).await;
     let message = match refused {
         Err(e @ StoreError::Backend { .. }) => e.to_string(),
@@ -331,12 +332,7 @@ async fn a_conflict_on_completion_restarts_the_upload() {
     create_bucket(&client, &bucket).await;
     let completion = format!("POST /{bucket}/packs/big?uploadId=");
     let (relay, seen) = relay::conflict_injecting(moto.addr(), completion.clone()).await;
-    let config = S3Config {
-        bucket: bucket.clone(),
-        prefix: String::new(),
-        options: s3_options(&format!("http://{relay}")),
-    };
-    let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let store = store_through(relay, &bucket).await;
     let (k, cancel) = (key("packs/big"), live());
     let put = store.put_if_absent(&k, data(12 << 20, 5), &cancel);
     let outcome = tokio::time::timeout(Duration::from_secs(120), put).await.expect("bounded");

@@ -9,7 +9,19 @@ pub const PASSWORD: &str = "ferry-cli-test-password";
 
 /// `ferry ARGS` with the test password and no repository from the environment.
 pub fn ferry_command(args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
+    with_test_env(Command::new(env!("CARGO_BIN_EXE_ferry")), args)
+}
+
+/// `WRAPPER... FERRY ARGS` with [`ferry_command`]'s environment: `wrapper` (a program and
+/// its arguments) is to run the path of `ferry` it gets next, with the arguments after it.
+pub fn ferry_through(wrapper: &[&str], args: &[&str]) -> Command {
+    let (program, wrapper_args) = wrapper.split_first().expect("a wrapper program");
+    let mut cmd = Command::new(program);
+    cmd.args(wrapper_args).arg(env!("CARGO_BIN_EXE_ferry"));
+    with_test_env(cmd, args)
+}
+
+fn with_test_env(mut cmd: Command, args: &[&str]) -> Command {
     cmd.args(args)
         .env_remove("FERRY_REPO")
         .env_remove("FERRY_NEW_PASSWORD")
