@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds helm from the Go module proxy at a pinned version and caches the binary outside
-# target/, keyed by version. Prints the path of the binary. Used by the deploy tests to render
-# deploy/helm/ferry; a helm already on the machine is not used, so every run renders with the
-# same version.
+# target/, keyed by version and build recipe. Prints the path of the binary. Used by the deploy
+# tests to render deploy/helm/ferry; a helm already on the machine is not used, so every run
+# renders with the same version.
 #
 #   deploy/build-helm.sh            # build (or reuse) and print the helm binary's path
 #
@@ -11,8 +11,12 @@
 set -euo pipefail
 
 helm_version="${FERRY_HELM_VERSION:-v3.22.0}"
+# The build recipe's revision, part of the cache key: raise it whenever the way helm is built
+# changes, so a binary built the old way is not reused. Revision 2 stamps the Kubernetes version
+# (revision 1 did not, and its helm took itself for Kubernetes v1.20).
+recipe=2
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/ferry"
-bin_dir="$cache/helm-${helm_version}"
+bin_dir="$cache/helm-${helm_version}-r${recipe}"
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 
@@ -44,8 +48,44 @@ package tools
 import _ "helm.sh/helm/v3/cmd/helm"
 GO
   go get "helm.sh/helm/v3@${helm_version}" >&2
-  ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=${helm_version}"
-  go build -trimpath -ldflags "$ldflags" -o "$bin_dir/helm.partial" helm.sh/helm/v3/cmd/helm >&2
+  # What helm's own release build stamps: its version (a tagged build: no metadata, a clean
+  # tree; the module proxy has no commit to give), and the Kubernetes version it assumes when
+  # it talks to no cluster (`helm template`: .Capabilities.KubeVersion, a chart's
+  # `kubeVersion`), which helm derives from the k8s.io/client-go it is built with: client-go
+  # v0.X.Y is Kubernetes v1.X. Without them helm assumes Kubernetes v1.20.
+  client_go="$(go list -m -f '{{.Version}}' k8s.io/client-go)"
+  if [[ ! "$client_go" =~ ^v0\.([0-9]+)\.[0-9]+ ]]; then
+    printf 'build-helm: unexpected k8s.io/client-go version %q\n' "$client_go" >&2
+    exit 1
+  fi
+  k8s_major=1 k8s_minor="${BASH_REMATCH[1]}"
+  pkg=helm.sh/helm/v3
+  ldflags=(
+    -s -w
+    -X "$pkg/internal/version.version=${helm_version}"
+    -X "$pkg/internal/version.metadata="
+    -X "$pkg/internal/version.gitTreeState=clean"
+    -X "$pkg/pkg/lint/rules.k8sVersionMajor=${k8s_major}"
+    -X "$pkg/pkg/lint/rules.k8sVersionMinor=${k8s_minor}"
+    -X "$pkg/pkg/chartutil.k8sVersionMajor=${k8s_major}"
+    -X "$pkg/pkg/chartutil.k8sVersionMinor=${k8s_minor}"
+  )
+  go build -trimpath -ldflags "${ldflags[*]}" -o "$bin_dir/helm.partial" "$pkg/cmd/helm" >&2
+  mkdir -p chart/templates
+  printf 'apiVersion: v2\nname: stamp-check\nversion: 0.1.0\n' > chart/Chart.yaml
+  printf 'kube: {{ .Capabilities.KubeVersion.Version }}\n' > chart/templates/k.yaml
+  # -X names a variable by path and is silently ignored when the variable is not there: check
+  # that both stamps took before the binary is cached.
+  got="$("$bin_dir/helm.partial" version --template '{{.Version}}')"
+  if [[ "$got" != "$helm_version" ]]; then
+    printf 'build-helm: helm reports version %q, not %q\n' "$got" "$helm_version" >&2
+    exit 1
+  fi
+  kube="$("$bin_dir/helm.partial" template stamp-check chart)"
+  if [[ "$kube" != *"kube: v${k8s_major}.${k8s_minor}."* ]]; then
+    printf 'build-helm: helm assumes Kubernetes %q, not v%s.%s\n' "$kube" "$k8s_major" "$k8s_minor" >&2
+    exit 1
+  fi
 )
 mv "$bin_dir/helm.partial" "$bin_dir/helm"
 echo "$bin_dir/helm"

@@ -7,8 +7,8 @@ tmp="${TMPDIR:-/tmp}"
 for _ in $(seq 1 15); do
   # One name per pgrep: with -x, a pattern longer than 15 characters (a process name's limit)
   # matches nothing.
-  procs="$(for name in etcd kube-apiserver moto_server minio; do pgrep -a -x "$name" || true; done)"
-  dirs="$(find "$tmp" -maxdepth 1 \( -name 'ferry-testbed-*' -o -name 'ferry-sim-*' -o -name 'ferry-plugin-*' \) 2>/dev/null || true)"
+  procs="$(for name in etcd kube-apiserver moto_server minio velero velero-plugin-f; do pgrep -a -x "$name" || true; done)"
+  dirs="$(find "$tmp" -maxdepth 1 \( -name 'ferry-testbed-*' -o -name 'ferry-sim-*' -o -name 'ferry-plugin-*' -o -name 'ferry-velero-*' \) 2>/dev/null || true)"
   loops="$(losetup -n -l -O NAME,BACK-FILE 2>/dev/null | grep -F "$tmp/ferry-sim-" || true)"
   mounts="$(awk '{print $5}' /proc/self/mountinfo | grep -F "$tmp/ferry-sim-" || true)"
   janitors="$(pgrep -a -f 'ferry-sim-janitor' || true)"

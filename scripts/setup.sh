@@ -25,4 +25,6 @@ rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup comp
 
 log "building the test control plane (cached after the first run)"
 scripts/build-control-plane.sh >/dev/null
+log "building Velero and its AWS plugin for the real-Velero tests (cached after the first run)"
+scripts/build-velero.sh >/dev/null
 log "ready"

@@ -1,12 +1,14 @@
 //! Events on the CRs: one for every phase change and every failure.
 
 use kube::Resource;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
+
+use crate::event_recorder::EventRecorder;
 
 /// Publishes Events on DataUploads and DataDownloads as `ferry-agent` on this node.
 #[derive(Clone)]
 pub(crate) struct Events {
-    recorder: Recorder,
+    recorder: EventRecorder,
 }
 
 impl std::fmt::Debug for Events {
@@ -24,7 +26,7 @@ impl Events {
             controller: REPORTING_CONTROLLER.to_owned(),
             instance: Some(node.to_owned()),
         };
-        Self { recorder: Recorder::new(client, reporter) }
+        Self { recorder: EventRecorder::new(client, reporter) }
     }
 
     /// A normal Event; `reason` is the phase reached or the step done.

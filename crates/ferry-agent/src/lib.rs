@@ -30,6 +30,7 @@ mod config;
 mod context;
 mod driver;
 mod error;
+pub mod event_recorder;
 mod events;
 mod jobs;
 mod liveness;

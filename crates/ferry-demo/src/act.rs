@@ -1,6 +1,9 @@
-//! The demo's story, step by step: a cluster comes up, an application's volume is backed up
-//! through a DataUpload, changed and backed up again incrementally, restored through a
-//! DataDownload into a new PVC and compared with what it held.
+//! The demo's story, step by step, as a user runs it: a cluster comes up with the real
+//! `velero server` and Ferry's agents; an application's volume is backed up with `velero
+//! backup create --snapshot-move-data --data-mover ferry` (Velero's CSI support makes the
+//! DataUpload, Ferry moves the data), changed and backed up again incrementally, restored with
+//! `velero restore create` into another namespace (a DataDownload) and compared with what it
+//! held.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -12,7 +15,7 @@ use ferry_api::{DataDownload, DataUpload};
 use ferry_sim::{Binding, VolumeMode};
 use ferry_testbed::VELERO_NAMESPACE;
 use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 
 use crate::dataset;
 use crate::watch::{self, Finished, Watched};
@@ -22,8 +25,8 @@ use crate::world::{ACCESS_KEY, SECRET_KEY, World};
 const READY: Duration = Duration::from_secs(120);
 /// The application volume's PVC.
 const PVC: &str = "orders-data";
-/// The PVC the restore fills.
-const RESTORED: &str = "orders-data-restored";
+/// The bound on a Velero backup or restore to end after its data moved.
+const VELERO_WAIT: Duration = Duration::from_secs(300);
 
 /// What the user asked for.
 #[derive(Debug, Clone)]
@@ -108,11 +111,21 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
         sim.storage_class(Binding::Immediate)
     );
 
-    steps.say("Velero's BackupStorageLocation, and a `ferry agent` on every node");
+    steps.say(&format!(
+        "Velero {} (`velero server`, built from source) with its default BackupStorageLocation, and a `ferry agent` on every node",
+        ferry_testbed::velero::VELERO_VERSION
+    ));
     world.create_bsl().await?;
     world.start_agents(&opts.ferry)?;
     for (node, agent) in &world.agents {
         println!("  ferry agent on {node}: pid {}", agent.pid());
+    }
+    let velero = world.start_velero().await?;
+    println!("  velero server running; its log: {}", velero.log_path().display());
+    wait_location_available(world).await?;
+    let locations = world.velero_server()?.cli(&["backup-location", "get"], VELERO_WAIT)?;
+    for line in locations.lines() {
+        println!("  {line}");
     }
     if opts.bench {
         println!("  (bench) letting the agents idle for 10s, then reading their memory");
@@ -140,8 +153,8 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
         tokio::task::spawn_blocking(nix::unistd::sync).await?;
     }
 
-    steps.say("Backup: a VolumeSnapshot and a DataUpload, as Velero's CSI plugin makes them");
-    let first = backup(world, "nightly-1", "orders-snap-1").await?;
+    steps.say("Backup: velero backup create nightly-1 --snapshot-move-data --data-mover ferry");
+    let first = backup(world, "nightly-1").await?;
     print_transfer(&first);
     report.transfers.push(first.clone());
     if let Some(bench) = report.bench.as_mut() {
@@ -170,37 +183,25 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
     world.sim()?.write_files(&ns, PVC, &changed).await.context("changing the data")?;
     println!("  {} entries changed", changed.entries.len());
 
-    steps.say("Second backup: incremental against the first snapshot");
-    let second = backup(world, "nightly-2", "orders-snap-2").await?;
+    steps.say("Second backup, incremental against the first: velero backup create nightly-2 ...");
+    let second = backup(world, "nightly-2").await?;
     print_transfer(&second);
     report.transfers.push(second.clone());
 
-    steps.say(&format!("Restore: a new PVC {RESTORED} and a DataDownload of the second snapshot"));
-    let velero = world.velero()?;
-    velero
-        .create_restore_pvc(
-            world.sim()?,
-            &ns,
-            RESTORED,
-            &size,
-            VolumeMode::Filesystem,
-            Binding::Immediate,
-        )
-        .await?;
-    let du = second_upload(world, &second.name).await?;
-    let dd = velero.create_data_download("restore-nightly-2", &ns, RESTORED, &du).await?;
-    let restored = follow::<DataDownload>(world, &dd.name_any()).await?;
-    let restore = transfer("restore", &restored, None, second.snapshot.clone());
+    let target = world.restore_namespace.clone();
+    steps.say(&format!(
+        "Restore: velero restore create --from-backup nightly-2 --namespace-mappings {ns}:{target}"
+    ));
+    let restore = restore(world, "nightly-2-restore", "nightly-2", &ns, &target).await?;
     print_transfer(&restore);
     report.transfers.push(restore);
 
     steps.say("Comparison of the restored volume with the source, file by file");
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(world.client()?, &ns);
-    let bound = pvcs.get(RESTORED).await?;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(world.client()?, &target);
+    let bound = pvcs.get(PVC).await?;
     let pv = bound.spec.and_then(|s| s.volume_name).unwrap_or_default();
-    println!("  {RESTORED} is bound to {pv}");
-    let got =
-        world.sim()?.read_files(&ns, RESTORED).await.context("reading the restored volume")?;
+    println!("  {target}/{PVC} is bound to {pv}");
+    let got = world.sim()?.read_files(&target, PVC).await.context("reading the restored volume")?;
     (report.files, report.bytes) = dataset::count(&got);
     report.differences = dataset::differences(&after, &got, 20);
     if report.differences.is_empty() {
@@ -220,17 +221,144 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
     Ok(())
 }
 
-async fn backup(world: &mut World, name: &str, snapshot: &str) -> anyhow::Result<Transfer> {
+/// Waits (bounded) until Velero has validated its default location, as a user checks with
+/// `velero backup-location get` before a first backup.
+async fn wait_location_available(world: &World) -> anyhow::Result<()> {
+    let api: Api<ferry_api::BackupStorageLocation> =
+        Api::namespaced(world.client()?, VELERO_NAMESPACE);
+    let start = Instant::now();
+    loop {
+        let bsl = api.get(crate::world::BSL).await?;
+        let phase = serde_json::to_value(&bsl)?["status"]["phase"].as_str().map(str::to_owned);
+        match phase.as_deref() {
+            Some("Available") => return Ok(()),
+            Some("Unavailable") => bail!("Velero finds its backup location Unavailable"),
+            _ if start.elapsed() > READY => {
+                bail!("Velero did not validate its backup location within {READY:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+/// `velero backup create NAME --include-namespaces NS --snapshot-move-data --data-mover
+/// ferry`, then the DataUpload Velero's CSI support creates for the PVC, followed live, and
+/// the Backup until Velero says Completed.
+async fn backup(world: &mut World, name: &str) -> anyhow::Result<Transfer> {
     let ns = world.namespace.clone();
-    let sim = world.sim()?;
-    sim.snapshot_pvc(&ns, PVC, snapshot).await?;
-    sim.wait_snapshot_ready(&ns, snapshot, READY).await?;
-    let du = world.velero()?.create_data_upload(sim, name, &ns, PVC, snapshot).await?;
-    println!("  VolumeSnapshot {snapshot} ready; DataUpload {} created", du.name_any());
+    let args = [
+        "backup",
+        "create",
+        name,
+        "--include-namespaces",
+        &ns,
+        "--snapshot-move-data",
+        "--data-mover",
+        crate::world::DATA_MOVER,
+    ];
+    println!("  $ velero {}", args.join(" "));
+    let said = world.velero_server()?.cli(&args, VELERO_WAIT)?;
+    if let Some(line) = said.lines().next() {
+        println!("  {line}");
+    }
+    let du: DataUpload = created_for(world, "velero.io/backup-name", name, "backups").await?;
+    println!("  Velero made VolumeSnapshot and DataUpload {}; Ferry moves it:", du.name_any());
     let done = follow::<DataUpload>(world, &du.name_any()).await?;
     let status = done.object.status.clone().unwrap_or_default();
     let incremental = u64::try_from(status.incremental_bytes).unwrap_or(0);
+    let phase = velero_phase(world, "backups", name).await?;
+    println!("  velero backup {name}: {phase}");
+    if phase != "Completed" {
+        bail!("Velero's backup {name} ended {phase}");
+    }
     Ok(transfer("backup", &done, Some(incremental), status.snapshot_id))
+}
+
+/// `velero restore create NAME --from-backup BACKUP --namespace-mappings FROM:TO`, then the
+/// DataDownload Velero creates, followed live, and the Restore until Velero says Completed.
+async fn restore(
+    world: &mut World,
+    name: &str,
+    backup: &str,
+    from: &str,
+    to: &str,
+) -> anyhow::Result<Transfer> {
+    let mapping = format!("{from}:{to}");
+    let args =
+        ["restore", "create", name, "--from-backup", backup, "--namespace-mappings", &mapping];
+    println!("  $ velero {}", args.join(" "));
+    world.velero_server()?.cli(&args, VELERO_WAIT)?;
+    let dd: DataDownload = created_for(world, "velero.io/restore-name", name, "restores").await?;
+    println!("  Velero made DataDownload {}; Ferry moves it:", dd.name_any());
+    let done = follow::<DataDownload>(world, &dd.name_any()).await?;
+    let phase = velero_phase(world, "restores", name).await?;
+    println!("  velero restore {name}: {phase}");
+    if phase != "Completed" {
+        bail!("Velero's restore {name} ended {phase}");
+    }
+    let snapshot = done.object.spec.snapshot_id.clone();
+    Ok(transfer("restore", &done, None, snapshot))
+}
+
+/// The CR Velero creates for backup or restore `owner` (found by `label`), waiting for it;
+/// fails early when Velero ends the backup or restore without one.
+async fn created_for<K: Watched>(
+    world: &World,
+    label: &str,
+    owner: &str,
+    plural: &str,
+) -> anyhow::Result<K> {
+    let api: Api<K> = Api::namespaced(world.client()?, VELERO_NAMESPACE);
+    let start = Instant::now();
+    loop {
+        let list = api.list(&ListParams::default().labels(&format!("{label}={owner}"))).await?;
+        if let Some(found) = list.items.into_iter().next() {
+            return Ok(found);
+        }
+        let phase = velero_phase_now(world, plural, owner).await?;
+        if ["Completed", "PartiallyFailed", "Failed", "FailedValidation"].contains(&phase.as_str())
+        {
+            bail!("Velero's {owner} ended {phase} without handing a volume to Ferry");
+        }
+        if start.elapsed() > READY {
+            bail!("Velero made no {} for {owner} within {READY:?} (phase {phase:?})", K::kind(&()));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The phase of Velero's Backup or Restore `name`, waiting (bounded) while Velero is still
+/// finishing it after the data moved.
+async fn velero_phase(world: &World, plural: &str, name: &str) -> anyhow::Result<String> {
+    let start = Instant::now();
+    loop {
+        let phase = velero_phase_now(world, plural, name).await?;
+        let settling = ["New", "InProgress", "WaitingForPluginOperations", "Finalizing"]
+            .iter()
+            .any(|p| phase.starts_with(p));
+        if !settling || start.elapsed() > VELERO_WAIT {
+            return Ok(phase);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The phase of Velero's Backup or Restore `name` now (`New` before Velero has set one).
+async fn velero_phase_now(world: &World, plural: &str, name: &str) -> anyhow::Result<String> {
+    let kind = if plural == "backups" { "Backup" } else { "Restore" };
+    let resource = kube::api::ApiResource {
+        group: "velero.io".into(),
+        version: "v1".into(),
+        api_version: "velero.io/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(world.client()?, VELERO_NAMESPACE, &resource);
+    Ok(match api.get_opt(name).await? {
+        Some(object) => object.data["status"]["phase"].as_str().unwrap_or("New").to_owned(),
+        None => "New".to_owned(),
+    })
 }
 
 async fn follow<K: Watched>(world: &mut World, name: &str) -> anyhow::Result<Finished<K>> {
@@ -241,11 +369,6 @@ async fn follow<K: Watched>(world: &mut World, name: &str) -> anyhow::Result<Fin
     })
     .await;
     result.with_context(|| format!("following {} {name}", K::kind(&())))
-}
-
-async fn second_upload(world: &World, name: &str) -> anyhow::Result<DataUpload> {
-    let api: Api<DataUpload> = Api::namespaced(world.client()?, VELERO_NAMESPACE);
-    Ok(api.get(name).await?)
 }
 
 fn transfer<K: Watched>(
@@ -287,14 +410,14 @@ fn print_transfer(t: &Transfer) {
 }
 
 /// `ferry snapshots` and `ferry check --read-data` on the namespace's repository, with the
-/// password the agents keep in Velero's `velero-repo-credentials` secret.
+/// password the agents keep in Ferry's own secret in Velero's namespace.
 async fn repository(world: &World, ferry: &Path) -> anyhow::Result<()> {
     let secrets: Api<Secret> = Api::namespaced(world.client()?, VELERO_NAMESPACE);
-    let secret = secrets.get("velero-repo-credentials").await?;
-    let password = secret
-        .data
-        .and_then(|d| d.get("repository-password").cloned())
-        .context("velero-repo-credentials has no repository-password")?;
+    let secret = secrets.get(ferry_mover::PASSWORD_SECRET).await?;
+    let password =
+        secret.data.and_then(|d| d.get(ferry_mover::PASSWORD_KEY).cloned()).with_context(|| {
+            format!("{} has no {}", ferry_mover::PASSWORD_SECRET, ferry_mover::PASSWORD_KEY)
+        })?;
     let dir = tempfile::Builder::new().prefix("ferry-demo-").tempdir()?;
     let password_file = dir.path().join("password");
     std::fs::write(&password_file, &password.0)?;

@@ -115,6 +115,9 @@ async fn demo(opts: Options) -> ExitCode {
         if !logs.is_empty() {
             eprintln!("{logs}");
         }
+        if let Some(velero) = &world.velero_server {
+            eprintln!("--- velero server (last 40 lines)\n{}", velero.log_tail(40));
+        }
     }
     if let Outcome::Interrupted(signal) = &outcome {
         eprintln!("\nferry-demo: {signal} received, tearing down");

@@ -1,5 +1,5 @@
-//! The demo's cluster: a control plane, moto, the node simulator and one `ferry agent` per
-//! simulated node. Every part is owned here and torn down by [`World::teardown`] (or by the
+//! The demo's cluster: a control plane, moto, the node simulator, one `ferry agent` per
+//! simulated node and the real `velero server`. Every part is owned here and torn down by [`World::teardown`] (or by the
 //! parts' own `Drop` guards when the process unwinds); children spawned through
 //! `ferry_testbed::process` also die with the demo when it is killed.
 
@@ -8,15 +8,20 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
+use ferry_api::VolumeSnapshotClass;
 use ferry_sim::velero::{S3Location, Velero};
 use ferry_sim::{NodeSim, SimConfig};
 use ferry_testbed::process::{self, Guarded};
+use ferry_testbed::velero::{VeleroOptions, VeleroServer};
 use ferry_testbed::{ControlPlane, S3Server, VELERO_NAMESPACE};
+use kube::api::{Api, Patch, PatchParams};
 
 /// The data mover name, as in `velero install --use-node-agent` with Ferry.
 pub const DATA_MOVER: &str = "ferry";
-/// The BackupStorageLocation.
+/// The BackupStorageLocation (Velero's default one).
 pub const BSL: &str = "default";
+/// The BSL's prefix in the bucket.
+pub const PREFIX: &str = "velero";
 /// The bucket in moto.
 pub const BUCKET: &str = "velero-backups";
 /// The static S3 credentials (moto accepts any).
@@ -32,7 +37,10 @@ pub struct World {
     pub sim: Option<NodeSim>,
     pub agents: Vec<(String, Guarded)>,
     pub namespace: String,
+    /// Where the restore puts the application (`--namespace-mappings`).
+    pub restore_namespace: String,
     pub logs: Option<tempfile::TempDir>,
+    pub velero_server: Option<VeleroServer>,
 }
 
 impl World {
@@ -57,16 +65,38 @@ impl World {
         Ok(Velero::new(self.client()?, VELERO_NAMESPACE, DATA_MOVER, BSL))
     }
 
-    /// The repository the agents use for the demo namespace (Velero's layout).
+    /// The repository the agents use for the demo namespace (under the BSL's `plugins/`).
     pub fn repository(&self) -> String {
-        format!("s3://{BUCKET}/velero/ferry/{}", self.namespace)
+        format!("s3://{BUCKET}/{}", ferry_mover::repository_prefix(PREFIX, &self.namespace))
     }
 
+    /// The running Velero server.
+    pub fn velero_server(&self) -> anyhow::Result<&VeleroServer> {
+        self.velero_server.as_ref().context("the Velero server is not running")
+    }
+
+    /// A control plane with Velero's own CRDs of the pinned version.
     pub async fn start_control_plane(&mut self) -> anyhow::Result<&ControlPlane> {
         let cp = ControlPlane::start().await.context("starting the control plane")?;
         // If the demo is killed outright, its files still go once it is gone.
         process::remove_on_exit(cp.dir())?;
+        ferry_testbed::velero::install_crds(&cp).context("installing Velero's CRDs")?;
         Ok(self.cp.insert(cp))
+    }
+
+    /// Starts the real `velero server` (with its AWS plugin) once the location exists, and
+    /// labels the simulator's VolumeSnapshotClass for Velero's CSI support.
+    pub async fn start_velero(&mut self) -> anyhow::Result<&VeleroServer> {
+        let classes: Api<VolumeSnapshotClass> = Api::all(self.client()?);
+        let class = self.sim()?.snapshot_class().to_owned();
+        let label = serde_json::json!({"metadata": {"labels": {
+            "velero.io/csi-volumesnapshot-class": "true"
+        }}});
+        classes.patch(&class, &PatchParams::default(), &Patch::Merge(&label)).await?;
+        let server = VeleroServer::start(self.cp()?, &VeleroOptions::default())
+            .context("starting velero server")?;
+        process::remove_on_exit(server.dir())?;
+        Ok(self.velero_server.insert(server))
     }
 
     /// Starts moto, or MinIO from binary `minio`, with the demo's bucket.
@@ -94,9 +124,10 @@ impl World {
     pub async fn start_sim(&mut self, dir: Option<&Path>) -> anyhow::Result<&NodeSim> {
         let namespace = self.cp()?.unique_namespace("shop").await?;
         self.namespace = namespace;
+        self.restore_namespace = format!("{}-restored", self.namespace);
         let cp = self.cp()?;
         let mut config = SimConfig {
-            namespaces: vec![self.namespace.clone()],
+            namespaces: vec![self.namespace.clone(), self.restore_namespace.clone()],
             nodes: ["node-a", "node-b", "node-c"].map(String::from).to_vec(),
             ..SimConfig::default()
         };
@@ -110,7 +141,7 @@ impl World {
     pub async fn create_bsl(&self) -> anyhow::Result<()> {
         let location = S3Location {
             bucket: BUCKET.into(),
-            prefix: "velero".into(),
+            prefix: PREFIX.into(),
             endpoint: self.s3()?.endpoint().into(),
             region: "us-east-1".into(),
             access_key: ACCESS_KEY.into(),
@@ -180,6 +211,9 @@ impl World {
     /// its objects), S3, control plane. Returns what could not be cleaned, if anything.
     pub async fn teardown(&mut self) -> Vec<String> {
         let mut problems = Vec::new();
+        if let Some(mut velero) = self.velero_server.take() {
+            velero.kill();
+        }
         for (_, agent) in &mut self.agents {
             agent.stop();
         }

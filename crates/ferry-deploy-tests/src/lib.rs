@@ -73,14 +73,54 @@ pub fn helm() -> anyhow::Result<PathBuf> {
 /// # Errors
 /// helm is missing or exits non-zero.
 pub fn helm_template(args: &[&str]) -> anyhow::Result<String> {
+    let mut all = vec!["--kube-version", "v1.36.2"];
+    all.extend_from_slice(args);
+    helm_template_as_built(&all)
+}
+
+/// `helm template ferry deploy/helm/ferry` with `args` only: no `--kube-version`, so for the
+/// Kubernetes version helm was built to assume; returns the rendered YAML.
+///
+/// # Errors
+/// helm is missing or exits non-zero.
+pub fn helm_template_as_built(args: &[&str]) -> anyhow::Result<String> {
     let chart = deploy_dir()?.join("helm/ferry");
-    let mut cmd = Command::new(helm()?);
-    cmd.args(["template", "ferry"]).arg(&chart).args(["--kube-version", "v1.36.2"]).args(args);
-    let out = run(cmd, None)?;
+    let mut full = vec!["template", "ferry"];
+    let chart = chart.to_str().context("non-UTF-8 chart path")?;
+    full.push(chart);
+    full.extend_from_slice(args);
+    let out = helm_output(&full)?;
     if !out.status.success() {
         bail!("helm template failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     }
     String::from_utf8(out.stdout).context("helm printed non-UTF-8")
+}
+
+/// Runs helm with `args` and returns its output whatever its exit status.
+///
+/// # Errors
+/// helm is missing or cannot be run.
+pub fn helm_output(args: &[&str]) -> anyhow::Result<Output> {
+    let mut cmd = Command::new(helm()?);
+    cmd.args(args);
+    run(cmd, None)
+}
+
+/// The helm version `deploy/build-helm.sh` builds: `FERRY_HELM_VERSION`, else the script's
+/// default.
+///
+/// # Errors
+/// The script cannot be read or names no default version.
+pub fn pinned_helm_version() -> anyhow::Result<String> {
+    if let Some(version) = std::env::var("FERRY_HELM_VERSION").ok().filter(|v| !v.is_empty()) {
+        return Ok(version);
+    }
+    let script = read(&deploy_dir()?.join("build-helm.sh"))?;
+    let marker = "${FERRY_HELM_VERSION:-";
+    let start = script.find(marker).context("build-helm.sh names no default version")?;
+    let rest = &script[start + marker.len()..];
+    let end = rest.find('}').context("build-helm.sh: unterminated default version")?;
+    Ok(rest[..end].to_owned())
 }
 
 /// Every non-empty document of a multi-document YAML text.

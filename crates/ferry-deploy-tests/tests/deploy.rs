@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use ferry_api::node_agent_config::NodeAgentConfig;
-use ferry_deploy_tests::{documents, helm_template, kubectl, kubectl_output, manifest_files, read};
+use ferry_deploy_tests::{
+    documents, helm_output, helm_template, helm_template_as_built, kubectl, kubectl_output,
+    manifest_files, pinned_helm_version, read,
+};
 use ferry_testbed::{ControlPlane, VELERO_NAMESPACE};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -200,6 +203,122 @@ nodeAgentConfig: {{name: ferry-config, config: {{loadConcurrency: {{globalConfig
     Ok(())
 }
 
+/// Every deployment form to check, by name: each plain manifest file, and the chart rendered
+/// with its defaults.
+fn every_deployment_form() -> anyhow::Result<Vec<(String, Vec<Value>)>> {
+    let mut forms = Vec::new();
+    for file in manifest_files()? {
+        forms.push((file.display().to_string(), documents(&read(&file)?)?));
+    }
+    forms.push(("the chart (defaults)".to_owned(), documents(&helm_template(&[])?)?));
+    Ok(forms)
+}
+
+/// The containers (init containers too) of every pod template among `docs`, with the pod
+/// template's volumes.
+fn containers(docs: &[Value]) -> Vec<(&Value, &Value)> {
+    let mut found = Vec::new();
+    for doc in docs {
+        let pod = &doc["spec"]["template"]["spec"];
+        for list in ["initContainers", "containers"] {
+            for container in pod[list].as_sequence().into_iter().flatten() {
+                found.push((container, &pod["volumes"]));
+            }
+        }
+    }
+    found
+}
+
+fn under_dev(path: &str) -> bool {
+    path == "/dev" || path.starts_with("/dev/")
+}
+
+/// containerd refuses a container whose mount asks for propagation from a host path that is
+/// not a shared or slave mount, as `/dev` is on some nodes; device nodes show through any
+/// bind of the devtmpfs, so no `/dev` mount may ask for it. The kubelet's pods directory keeps
+/// `HostToContainer`: volumes are mounted there after the agent starts.
+#[test]
+fn no_dev_mount_asks_for_mount_propagation() -> anyhow::Result<()> {
+    let mut dev_mounts = 0;
+    let mut wrong = Vec::new();
+    for (form, docs) in every_deployment_form()? {
+        for (container, volumes) in containers(&docs) {
+            for mount in container["volumeMounts"].as_sequence().into_iter().flatten() {
+                let volume = volumes
+                    .as_sequence()
+                    .into_iter()
+                    .flatten()
+                    .find(|v| v["name"] == mount["name"])
+                    .with_context(|| format!("{form}: no volume for mount {mount:?}"))?;
+                let host_path = volume["hostPath"]["path"].as_str().unwrap_or_default();
+                let mount_path = mount["mountPath"].as_str().unwrap_or_default();
+                let propagation = mount["mountPropagation"].as_str();
+                if under_dev(host_path) || under_dev(mount_path) {
+                    dev_mounts += 1;
+                    if propagation.is_some_and(|p| p != "None") {
+                        wrong.push(format!("{form}: {mount_path} asks for {propagation:?}"));
+                    }
+                }
+                if host_path.ends_with("/kubelet/pods") {
+                    assert_eq!(propagation, Some("HostToContainer"), "{form}: {mount_path}");
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "/dev mounts asking for propagation:\n{}", wrong.join("\n"));
+    assert_eq!(dev_mounts, 2, "one /dev mount in the manifest and one in the chart");
+    Ok(())
+}
+
+/// The agent reads its log filter from `FERRY_LOG`; the manifests and chart set that, and the
+/// chart's `agent.logLevel` reaches it.
+#[test]
+fn the_log_filter_is_set_in_ferry_log() -> anyhow::Result<()> {
+    let mut forms = every_deployment_form()?;
+    let dir = tempfile::tempdir()?;
+    let values = dir.path().join("values.yaml");
+    std::fs::write(&values, "agent: {logLevel: 'debug,kube=warn'}\n")?;
+    let with_level = documents(&helm_template(&["--values", &values.to_string_lossy()])?)?;
+    forms.push(("the chart (agent.logLevel)".to_owned(), with_level));
+    let mut filters = Vec::new();
+    for (form, docs) in &forms {
+        for (container, _) in containers(docs) {
+            for var in container["env"].as_sequence().into_iter().flatten() {
+                let name = var["name"].as_str().unwrap_or_default();
+                assert_ne!(name, "RUST_LOG", "{form}: ferry reads FERRY_LOG");
+                if name == "FERRY_LOG" {
+                    filters.push((form.clone(), var["value"].as_str().unwrap_or_default()));
+                }
+            }
+        }
+    }
+    let manifest = ferry_deploy_tests::deploy_dir()?.join("manifests/daemonset.yaml");
+    let expected = [
+        (manifest.display().to_string(), "info"),
+        ("the chart (defaults)".to_owned(), "info"),
+        ("the chart (agent.logLevel)".to_owned(), "debug,kube=warn"),
+    ];
+    assert_eq!(filters, expected);
+    Ok(())
+}
+
+/// deploy/build-helm.sh stamps helm as helm's own release build does: `helm version` says the
+/// pinned version, and without `--kube-version` helm assumes the Kubernetes version of the
+/// client-go it was built with (unstamped, it assumes v1.20 and fails the chart's
+/// `kubeVersion: >=1.27.0-0`).
+#[test]
+fn helm_is_built_with_its_version_and_kubernetes_version() -> anyhow::Result<()> {
+    let rendered = helm_template_as_built(&[])?;
+    let kinds: Vec<_> = documents(&rendered)?.iter().map(|d| kind_and_name(d).0).collect();
+    assert!(kinds.contains(&"DaemonSet".to_owned()), "{kinds:?}");
+
+    let pinned = pinned_helm_version()?;
+    let out = helm_output(&["version", "--template", "{{.Version}} {{.GitTreeState}}"])?;
+    assert!(out.status.success(), "helm version: {out:?}");
+    assert_eq!(String::from_utf8(out.stdout)?, format!("{pinned} clean"));
+    Ok(())
+}
+
 /// (verb, API group, resource, namespace or "" for cluster scope, allowed?)
 const EXPECTED_ACCESS: &[(&str, &str, &str, &str, bool)] = &[
     ("get", "velero.io", "datauploads", "velero", true),
@@ -213,8 +332,10 @@ const EXPECTED_ACCESS: &[(&str, &str, &str, &str, bool)] = &[
     ("update", "velero.io", "datauploads", "workload", false),
     ("get", "velero.io", "backupstoragelocations", "velero", true),
     ("update", "velero.io", "backupstoragelocations", "velero", false),
-    ("watch", "velero.io", "deletebackuprequests", "velero", true),
+    ("get", "velero.io", "deletebackuprequests", "velero", false),
     ("get", "velero.io", "backups", "velero", true),
+    ("list", "velero.io", "backups", "velero", false),
+    ("patch", "velero.io", "backups", "velero", false),
     ("delete", "velero.io", "backups", "velero", false),
     ("create", "coordination.k8s.io", "leases", "velero", true),
     ("update", "coordination.k8s.io", "leases", "velero", true),

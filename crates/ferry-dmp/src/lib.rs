@@ -15,14 +15,15 @@
 //!
 //! The plugin holds no state of its own: an operation is its DataUpload or DataDownload,
 //! found again by the `velero.io/async-operation-id` label, so `Progress` and `Cancel` answer
-//! the same from a restarted plugin process. [`register`] puts every action on a
-//! [`PluginServer`]:
+//! the same from a restarted plugin process. [`register`] puts the chosen [`Actions`] on a
+//! [`PluginServer`]: beside a Velero server only the DataUpload delete action, since Velero's
+//! own CSI support creates Ferry's DataUploads and DataDownloads:
 //!
 //! ```no_run
 //! # async fn run(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
 //! let ctx = ferry_dmp::PluginContext::new(client).with_velero_namespace("velero");
 //! let mut server = ferry_plugin::PluginServer::new();
-//! ferry_dmp::register(&mut server, &ctx)?;
+//! ferry_dmp::register(&mut server, &ctx, ferry_dmp::Actions::All)?;
 //! server.serve().await?;
 //! # Ok(()) }
 //! ```
@@ -58,29 +59,66 @@ pub const DATA_UPLOAD_DELETE_PLUGIN: &str = "ferry.io/dataupload-delete";
 /// The volume snapshotter's plugin name (kind `VolumeSnapshotterV2`).
 pub const VOLUME_SNAPSHOTTER_PLUGIN: &str = "ferry.io/volume-snapshotter";
 
-/// Registers every action of the data mover plugin on `server` under its name
-/// ([`PVC_BACKUP_PLUGIN`], [`PVC_RESTORE_PLUGIN`], [`DATA_UPLOAD_DELETE_PLUGIN`],
-/// [`VOLUME_SNAPSHOTTER_PLUGIN`]), all working through `ctx`.
+/// Which of the plugin's actions a plugin process serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Actions {
+    /// Beside a Velero server (v1.14 and later): only the DataUpload delete action. Velero's
+    /// built-in CSI support already creates the DataUploads and DataDownloads for Ferry's
+    /// mover (`--snapshot-move-data --data-mover ferry`) and always runs its own PVC actions,
+    /// so Ferry's PVC actions would give every volume a second item operation.
+    #[default]
+    BesideVelero,
+    /// Every action ([`PVC_BACKUP_PLUGIN`], [`PVC_RESTORE_PLUGIN`],
+    /// [`DATA_UPLOAD_DELETE_PLUGIN`], [`VOLUME_SNAPSHOTTER_PLUGIN`]): for hosts without
+    /// Velero's CSI support, such as Ferry's own host (`ferry volume`).
+    All,
+}
+
+impl std::str::FromStr for Actions {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "velero" => Ok(Self::BesideVelero),
+            "all" => Ok(Self::All),
+            other => Err(format!(
+                "unknown plugin action set {other:?}: `velero` (beside Velero's own CSI \
+                 support, the default) or `all`"
+            )),
+        }
+    }
+}
+
+/// Registers the data mover plugin's `actions` on `server` under their names, all working
+/// through `ctx`.
 ///
 /// # Errors
 /// [`RegisterError::Duplicate`] when one of the names is registered already for its kind.
-pub fn register(server: &mut PluginServer, ctx: &PluginContext) -> Result<(), RegisterError> {
-    server
-        .register_backup_item_action_v2(
-            PVC_BACKUP_PLUGIN,
-            Arc::new(PvcBackupAction::new(ctx.clone())),
-        )?
-        .register_restore_item_action_v2(
-            PVC_RESTORE_PLUGIN,
-            Arc::new(PvcRestoreAction::new(ctx.clone())),
-        )?
-        .register_delete_item_action(
-            DATA_UPLOAD_DELETE_PLUGIN,
-            Arc::new(DataUploadDeleteAction::new(ctx.clone())),
-        )?
-        .register_volume_snapshotter_v2(
+pub fn register(
+    server: &mut PluginServer,
+    ctx: &PluginContext,
+    actions: Actions,
+) -> Result<(), RegisterError> {
+    if actions == Actions::All {
+        server
+            .register_backup_item_action_v2(
+                PVC_BACKUP_PLUGIN,
+                Arc::new(PvcBackupAction::new(ctx.clone())),
+            )?
+            .register_restore_item_action_v2(
+                PVC_RESTORE_PLUGIN,
+                Arc::new(PvcRestoreAction::new(ctx.clone())),
+            )?;
+    }
+    server.register_delete_item_action(
+        DATA_UPLOAD_DELETE_PLUGIN,
+        Arc::new(DataUploadDeleteAction::new(ctx.clone())),
+    )?;
+    if actions == Actions::All {
+        server.register_volume_snapshotter_v2(
             VOLUME_SNAPSHOTTER_PLUGIN,
             Arc::new(DataMoverSnapshotter::new(ctx.clone())),
         )?;
+    }
     Ok(())
 }

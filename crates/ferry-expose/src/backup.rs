@@ -1,6 +1,7 @@
 //! The backup exposer: a DataUpload's CSI snapshot as a backup PVC held by a pod.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -9,6 +10,7 @@ use ferry_agent::{
 };
 use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use ferry_api::keys::DATA_UPLOAD_LABEL;
+use ferry_api::naming::valid_label_value;
 use ferry_api::{DataUpload, NodeOs, VolumeSnapshot, VolumeSnapshotContent};
 use kube::api::Api;
 use kube::{Client, ResourceExt};
@@ -17,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::objects::{self, ClaimSpec, HolderSpec, mode_text};
 use crate::ops::{create_or_get, delete_if_present, get_opt, owner_of, update};
 use crate::pod;
+use crate::volume_wait::{VolumeWaits, locate_telling};
 use crate::wait::{Look, until};
 use crate::{ExposeError, ExposerConfig, labels};
 
@@ -25,6 +28,7 @@ use crate::{ExposeError, ExposerConfig, labels};
 pub struct CsiBackupExposer {
     client: Client,
     config: ExposerConfig,
+    waits: Arc<VolumeWaits>,
 }
 
 impl std::fmt::Debug for CsiBackupExposer {
@@ -46,7 +50,7 @@ impl CsiBackupExposer {
     /// An exposer working in `config.namespace`.
     #[must_use]
     pub fn new(client: Client, config: ExposerConfig) -> Self {
-        Self { client, config }
+        Self { client, config, waits: Arc::default() }
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -67,7 +71,7 @@ impl CsiBackupExposer {
 
     fn labels(du: &DataUpload) -> BTreeMap<String, String> {
         BTreeMap::from([
-            (DATA_UPLOAD_LABEL.to_owned(), du.name_any()),
+            (DATA_UPLOAD_LABEL.to_owned(), valid_label_value(&du.name_any())),
             (labels::CREATED_BY.to_owned(), "ferry".to_owned()),
         ])
     }
@@ -257,11 +261,12 @@ impl Exposer<DataUpload> for CsiBackupExposer {
         du: &DataUpload,
         node: &str,
     ) -> Result<Option<ExposedVolume>, WorkError> {
-        locate(&self.client, &self.config, &du.name_any(), node).await.map_err(Into::into)
+        locate_telling(&self.client, &self.config, &self.waits, du, node).await.map_err(Into::into)
     }
 
     async fn cleanup(&self, du: &DataUpload, _timeout: Duration) -> Result<(), WorkError> {
         let name = du.name_any();
+        self.waits.done(&name);
         delete_if_present(&self.pods(), &name, "deleting the backup pod").await?;
         delete_if_present(&self.claims(), &name, "deleting the backup PVC").await?;
         delete_if_present(&self.snapshots(), &name, "deleting the backup snapshot").await?;
@@ -271,44 +276,81 @@ impl Exposer<DataUpload> for CsiBackupExposer {
     }
 }
 
+/// What [`locate`] found.
+pub(crate) enum Located {
+    /// The volume is usable on the node.
+    Ready(ExposedVolume),
+    /// Not yet: what is still missing, for the user.
+    Waiting(String),
+}
+
 /// Finds the volume of holding pod `name` (in Velero's namespace) on `node`.
 pub(crate) async fn locate(
     client: &Client,
     config: &ExposerConfig,
     name: &str,
     node: &str,
-) -> Result<Option<ExposedVolume>, ExposeError> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
+) -> Result<Located, ExposeError> {
+    let ns = &config.namespace;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let Some(pod) = get_opt(&pods, name, "reading the holding pod").await? else {
         return Err(ExposeError::Unusable(format!(
-            "pod {}/{name} holding the volume was deleted",
-            config.namespace
+            "pod {ns}/{name} holding the volume was deleted"
         )));
     };
     pod::failed(&pod)?;
-    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node) || !pod::running(&pod) {
-        return Ok(None);
+    match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+        Some(n) if n == node => {}
+        Some(other) => {
+            return Ok(Located::Waiting(format!(
+                "pod {ns}/{name} holding the volume was placed on node {other}, not on this one"
+            )));
+        }
+        None => {
+            return Ok(Located::Waiting(format!("pod {ns}/{name} is not scheduled yet")));
+        }
     }
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &config.namespace);
+    if !pod::running(&pod) {
+        return Ok(Located::Waiting(format!(
+            "pod {ns}/{name} holding the volume is not running yet: {}",
+            pod::not_running_because(&pod)
+        )));
+    }
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     let Some(claim) = get_opt(&claims, name, "reading the exposed PVC").await? else {
-        return Err(ExposeError::Unusable(format!("PVC {}/{name} was deleted", config.namespace)));
+        return Err(ExposeError::Unusable(format!("PVC {ns}/{name} was deleted")));
     };
     let spec = claim.spec.unwrap_or_default();
-    let Some(pv) = spec.volume_name.filter(|v| !v.is_empty()) else { return Ok(None) };
+    let Some(pv) = spec.volume_name.filter(|v| !v.is_empty()) else {
+        return Ok(Located::Waiting(format!("PVC {ns}/{name} is not bound to a volume yet")));
+    };
     let mode = spec.volume_mode.as_deref().map_or(VolumeMode::Filesystem, parse_mode);
     let uid = pod.uid().unwrap_or_default();
-    let found = crate::find_volume(&config.kubelet_root, &uid, &pv, mode).map_err(|e| {
+    let root = &config.kubelet_root;
+    let found = crate::find_volume(root, &uid, &pv, mode).map_err(|e| {
         ExposeError::Unusable(format!(
             "looking for volume {pv} of pod {name} under {}: {e}",
-            config.kubelet_root.display()
+            root.display()
         ))
     })?;
-    Ok(found.map(|path| ExposedVolume {
-        node: node.to_owned(),
-        path,
-        mode,
-        node_os: NodeOs::Linux,
-    }))
+    Ok(match found {
+        Some(path) => Located::Ready(ExposedVolume {
+            node: node.to_owned(),
+            path,
+            mode,
+            node_os: NodeOs::Linux,
+        }),
+        None => {
+            let expected = crate::pod_volume_path(root, &uid, "kubernetes.io~csi", &pv, mode);
+            Located::Waiting(format!(
+                "the kubelet has not exposed volume {pv} of pod {ns}/{name} (uid {uid}) yet: {} \
+                 (the agent reads the kubelet's directory at {}: is that the kubelet's \
+                 --root-dir as this agent sees it?)",
+                crate::kubelet::what_is_at(&expected, mode),
+                root.display()
+            ))
+        }
+    })
 }
 
 fn snapshot_of(content: &VolumeSnapshotContent, mode: Option<VolumeMode>) -> Snapshot {
@@ -352,8 +394,52 @@ pub(crate) fn parse_quantity(text: &str) -> Option<i64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::parse_quantity;
+#[allow(clippy::unwrap_used)] // Tests fail loudly by design.
+pub(crate) mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A name as long as Kubernetes allows (253), from a long Backup name as Velero makes it.
+    pub(crate) fn longest_name(last: char) -> String {
+        format!("nightly-{}{last}-x7k2q", "v".repeat(253 - 15))
+    }
+
+    /// Whether Kubernetes accepts `value` as a label value.
+    pub(crate) fn is_label_value(value: &str) -> bool {
+        let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        value.is_empty()
+            || (value.len() <= 63
+                && alnum(value.chars().next())
+                && alnum(value.chars().last())
+                && value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)))
+    }
+
+    fn upload(name: &str) -> DataUpload {
+        serde_json::from_value(json!({
+            "apiVersion": "velero.io/v2alpha1", "kind": "DataUpload",
+            "metadata": { "name": name, "namespace": "velero" },
+            "spec": { "snapshotType": "CSI", "sourcePVC": "data", "sourceNamespace": "app",
+                      "backupStorageLocation": "default", "operationTimeout": "10m0s" },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_long_name_becomes_a_valid_label_value() {
+        let long = longest_name('a');
+        assert_eq!(long.len(), 253);
+        let value = CsiBackupExposer::labels(&upload(&long))[DATA_UPLOAD_LABEL].clone();
+        assert!(is_label_value(&value), "{value}");
+        assert_eq!(value, valid_label_value(&long));
+        // Names alike in their first 57 characters still get values of their own.
+        let other = CsiBackupExposer::labels(&upload(&longest_name('b')));
+        assert_ne!(other[DATA_UPLOAD_LABEL], value);
+        // A name that is a valid value already is kept, so objects labelled by earlier
+        // versions are still found.
+        let short = CsiBackupExposer::labels(&upload("nightly-x7k2q"));
+        assert_eq!(short[DATA_UPLOAD_LABEL], "nightly-x7k2q");
+    }
 
     #[test]
     fn quantities() {

@@ -42,6 +42,10 @@ pub struct ExposerConfig {
     /// How long a holding pod may stay unschedulable before the CR fails with the
     /// scheduler's reason (instead of waiting out the whole operation timeout).
     pub unschedulable_grace: Duration,
+    /// How long the agent looks for an exposed volume on its node before it says, in a log
+    /// line and a Warning Event on the CR, what it is still waiting for (the holding pod, the
+    /// bind, or the kubelet's mount at the path it expects).
+    pub volume_wait_grace: Duration,
     /// Where holding pods may run (`loadAffinity`), per storage class or for all; see
     /// [`ExposerConfig::load_affinity_for`].
     pub load_affinity: Vec<LoadAffinity>,
@@ -105,6 +109,7 @@ impl ExposerConfig {
             ignore_delay_binding: false,
             priority_class_name: None,
             unschedulable_grace: Duration::from_secs(60),
+            volume_wait_grace: Duration::from_secs(30),
             load_affinity: Vec::new(),
             pod_resources: ResourceRequirements {
                 requests: Some(BTreeMap::from([

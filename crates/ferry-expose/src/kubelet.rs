@@ -5,7 +5,7 @@
 //! `<root>/pods/<podUID>/volumeDevices/<plugin>/<pvName>`. The plugin directory depends on the
 //! volume's driver (`kubernetes.io~csi` for every CSI driver), so it is looked up.
 
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use ferry_agent::VolumeMode;
@@ -31,7 +31,9 @@ pub fn pod_volume_path(
 }
 
 /// Looks for the volume in every plugin directory of the pod and returns it once it is usable:
-/// a mounted directory (a mount point: its device differs from its parent's) or a block device.
+/// a mounted directory (a mount point by mount identity, so a bind mount of a directory on the
+/// kubelet's own file system counts, as the CSI hostpath driver publishes volumes) or a block
+/// device.
 /// `Ok(None)` while the kubelet has not set it up.
 ///
 /// # Errors
@@ -63,6 +65,27 @@ pub fn find_volume(
     Ok(None)
 }
 
+/// Why the volume is not usable at `path` yet, for a message: what the kubelet has set up there.
+#[must_use]
+pub(crate) fn what_is_at(path: &Path, mode: VolumeMode) -> String {
+    let at = path.display();
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return format!("nothing at {at}"),
+        Err(e) => return format!("{at} cannot be examined: {e}"),
+    };
+    match mode {
+        VolumeMode::Block if meta.file_type().is_block_device() => format!("{at} is ready"),
+        VolumeMode::Block => format!("{at} is not a block device"),
+        VolumeMode::Filesystem if !meta.is_dir() => format!("{at} is not a directory"),
+        VolumeMode::Filesystem => match crate::mount::is_mount_point(path) {
+            Ok(true) => format!("{at} is mounted"),
+            Ok(false) => format!("{at} is a directory but nothing is mounted on it"),
+            Err(e) => format!("{at} cannot be examined: {e}"),
+        },
+    }
+}
+
 fn usable(path: &Path, mode: VolumeMode) -> std::io::Result<bool> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
@@ -71,16 +94,16 @@ fn usable(path: &Path, mode: VolumeMode) -> std::io::Result<bool> {
     };
     Ok(match mode {
         VolumeMode::Block => meta.file_type().is_block_device(),
-        VolumeMode::Filesystem => {
-            let Some(parent) = path.parent() else { return Ok(false) };
-            meta.is_dir() && std::fs::metadata(parent)?.dev() != meta.dev()
-        }
+        VolumeMode::Filesystem => meta.is_dir() && crate::mount::is_mount_point(path)?,
     })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::MetadataExt;
+
     use super::*;
+    use crate::mount::testing::Mounted;
 
     #[test]
     fn paths_follow_the_kubelet_layout() {
@@ -119,6 +142,52 @@ mod tests {
         std::fs::create_dir_all(dev.parent().expect("parent"))?;
         std::fs::write(&dev, b"x")?;
         assert_eq!(find_volume(root.path(), "u", "pv", VolumeMode::Block)?, None);
+        assert!(what_is_at(&dir, VolumeMode::Filesystem).ends_with("nothing is mounted on it"));
+        assert!(what_is_at(&dev, VolumeMode::Block).ends_with("is not a block device"));
+        Ok(())
+    }
+
+    /// The hostpath driver's way: a directory of the kubelet's own file system bind-mounted at
+    /// the volume's `mount` directory, on the same device as its parent.
+    #[test]
+    fn a_bind_mounted_volume_is_found() -> std::io::Result<()> {
+        let root = tempfile::tempdir()?;
+        let dir =
+            pod_volume_path(root.path(), "u", "kubernetes.io~csi", "pv", VolumeMode::Filesystem);
+        std::fs::create_dir_all(&dir)?;
+        let published = root.path().join("plugins/csi-hostpath/pv");
+        std::fs::create_dir_all(&published)?;
+        let _mounted = Mounted::bind(&published, &dir)?;
+        assert_eq!(std::fs::metadata(&dir)?.dev(), std::fs::metadata(root.path())?.dev());
+        assert_eq!(find_volume(root.path(), "u", "pv", VolumeMode::Filesystem)?, Some(dir.clone()));
+        assert!(what_is_at(&dir, VolumeMode::Filesystem).ends_with("is mounted"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_directory_bind_mounted_onto_itself_is_found() -> std::io::Result<()> {
+        let root = tempfile::tempdir()?;
+        let dir =
+            pod_volume_path(root.path(), "u", "kubernetes.io~csi", "pv", VolumeMode::Filesystem);
+        std::fs::create_dir_all(&dir)?;
+        let _mounted = Mounted::bind(&dir, &dir)?;
+        assert_eq!(find_volume(root.path(), "u", "pv", VolumeMode::Filesystem)?, Some(dir));
+        Ok(())
+    }
+
+    #[test]
+    fn a_mounted_file_system_is_found() -> std::io::Result<()> {
+        let root = tempfile::tempdir()?;
+        let dir = pod_volume_path(
+            root.path(),
+            "u",
+            "kubernetes.io~local-volume",
+            "pv",
+            VolumeMode::Filesystem,
+        );
+        std::fs::create_dir_all(&dir)?;
+        let _mounted = Mounted::tmpfs(&dir)?;
+        assert_eq!(find_volume(root.path(), "u", "pv", VolumeMode::Filesystem)?, Some(dir));
         Ok(())
     }
 }

@@ -20,14 +20,20 @@
 //! holding pods, per storage class), `podResources`, `podLabels` and `podAnnotations`.
 //!
 //! Every wait is bounded by the CR's `operationTimeout` and its cancellation, and a pod that
-//! fails or cannot be scheduled fails the CR with the cluster's reason. Every step is
-//! idempotent: an agent that restarts (or a node that takes a CR over) runs them again and
-//! continues from what exists.
+//! fails or cannot be scheduled fails the CR with the cluster's reason. While the agent looks
+//! for the exposed volume on its node (a mount point by mount identity, so bind mounts count),
+//! a wait longer than [`ExposerConfig::volume_wait_grace`] is told in a log line and a
+//! [`WAITING_FOR_VOLUME`] Warning Event naming the pod, the volume and the path expected.
+//! Names become label values by Velero's rule (at most 63 characters, a hash past that).
+//!
+//! Every step is idempotent: an agent that restarts (or a node that takes a CR over) runs them
+//! again and continues from what exists.
 
 mod backup;
 mod config;
 mod error;
 mod kubelet;
+mod mount;
 mod objects;
 mod ops;
 mod placement;
@@ -35,6 +41,7 @@ mod pod;
 mod quantity;
 mod resources;
 mod restore;
+mod volume_wait;
 mod wait;
 
 pub use backup::CsiBackupExposer;
@@ -45,6 +52,7 @@ pub use placement::LoadAffinity;
 pub use quantity::QuantityError;
 pub use resources::{PodResourcesError, pod_resources};
 pub use restore::CsiRestoreExposer;
+pub use volume_wait::WAITING_FOR_VOLUME;
 
 /// Labels and annotations Ferry puts on the objects it creates.
 pub mod labels {

@@ -102,6 +102,28 @@ pub(crate) fn running(pod: &Pod) -> bool {
     pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
 
+/// Why a pod is not running yet, for a message: its phase and what its container waits for
+/// (`ContainerCreating`, `ImagePullBackOff: …`).
+pub(crate) fn not_running_because(pod: &Pod) -> String {
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("without a phase");
+    let waiting = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref().and_then(|s| s.waiting.as_ref()));
+    match waiting {
+        Some(w) => {
+            let reason = w.reason.as_deref().unwrap_or("waiting");
+            match w.message.as_deref().filter(|m| !m.is_empty()) {
+                Some(message) => format!("{phase}, container {reason}: {message}"),
+                None => format!("{phase}, container {reason}"),
+            }
+        }
+        None => phase.to_owned(),
+    }
+}
+
 /// Creates the holding pod, or finds it from an earlier attempt; a pod found on a node to
 /// avoid (its agent stopped) is removed at once and made again, kept off those nodes.
 pub(crate) async fn ensure_holder(
@@ -140,4 +162,33 @@ pub(crate) async fn ensure_holder(
     .await?;
     create_or_get(pods, pod, "creating the holding pod again").await?;
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // Tests fail loudly by design.
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_pod_not_running_says_what_its_container_waits_for() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": { "name": "p" },
+            "status": { "phase": "Pending", "containerStatuses": [{
+                "name": "hold", "image": "ferry", "imageID": "", "ready": false,
+                "restartCount": 0,
+                "state": { "waiting": { "reason": "ImagePullBackOff",
+                                        "message": "Back-off pulling image \"ferry\"" } },
+            }] },
+        }))
+        .unwrap();
+        assert_eq!(
+            not_running_because(&pod),
+            "Pending, container ImagePullBackOff: Back-off pulling image \"ferry\""
+        );
+        let pod: Pod =
+            serde_json::from_value(json!({ "metadata": { "name": "p" }, "status": {} })).unwrap();
+        assert_eq!(not_running_because(&pod), "without a phase");
+    }
 }

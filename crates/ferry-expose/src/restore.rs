@@ -1,6 +1,7 @@
 //! The restore exposer: a volume provisioned like the target PVC, written, then handed over.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,14 +13,16 @@ use ferry_api::k8s_openapi::api::core::v1::{
 };
 use ferry_api::k8s_openapi::api::storage::v1::StorageClass;
 use ferry_api::keys::{DATA_DOWNLOAD_LABEL, DYNAMIC_PV_RESTORE_LABEL, SELECTED_NODE_ANNOTATION};
+use ferry_api::naming::valid_label_value;
 use ferry_api::{DataDownload, DataDownloadPhase};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
-use crate::backup::{locate, parse_mode, parse_quantity};
+use crate::backup::{parse_mode, parse_quantity};
 use crate::objects::{self, ClaimSpec, HolderSpec};
 use crate::ops::{create_or_get, delete_if_present, get_opt, owner_of, update};
 use crate::pod;
+use crate::volume_wait::{VolumeWaits, locate_telling};
 use crate::wait::{Look, until};
 use crate::{ExposeError, ExposerConfig, labels};
 
@@ -28,6 +31,7 @@ use crate::{ExposeError, ExposerConfig, labels};
 pub struct CsiRestoreExposer {
     client: Client,
     config: ExposerConfig,
+    waits: Arc<VolumeWaits>,
 }
 
 impl std::fmt::Debug for CsiRestoreExposer {
@@ -40,7 +44,7 @@ impl CsiRestoreExposer {
     /// An exposer working in `config.namespace`.
     #[must_use]
     pub fn new(client: Client, config: ExposerConfig) -> Self {
-        Self { client, config }
+        Self { client, config, waits: Arc::default() }
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -57,6 +61,23 @@ impl CsiRestoreExposer {
 
     fn targets(&self, dd: &DataDownload) -> Api<PersistentVolumeClaim> {
         Api::namespaced(self.client.clone(), &dd.spec.target_volume.namespace)
+    }
+
+    fn labels(dd: &DataDownload) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (DATA_DOWNLOAD_LABEL.to_owned(), valid_label_value(&dd.name_any())),
+            (labels::CREATED_BY.to_owned(), "ferry".to_owned()),
+        ])
+    }
+
+    /// The value of [`labels::RESTORE_FOR`] on the volume held for `dd`.
+    fn restore_for(dd: &DataDownload) -> String {
+        valid_label_value(&dd.name_any())
+    }
+
+    /// The selector that finds the volume held for `dd`.
+    fn held_selector(dd: &DataDownload) -> String {
+        format!("{}={}", labels::RESTORE_FOR, Self::restore_for(dd))
     }
 
     fn target_name(dd: &DataDownload) -> String {
@@ -81,7 +102,7 @@ impl CsiRestoreExposer {
         &self,
         dd: &DataDownload,
     ) -> Result<Option<PersistentVolume>, ExposeError> {
-        let selector = format!("{}={}", labels::RESTORE_FOR, dd.name_any());
+        let selector = Self::held_selector(dd);
         let list =
             self.volumes().list(&ListParams::default().labels(&selector)).await.map_err(|e| {
                 ExposeError::Api {
@@ -167,10 +188,7 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
         }
         let mode = spec.volume_mode.as_deref().map_or(VolumeMode::Filesystem, parse_mode);
         let owner = owner_of(dd)?;
-        let labels = BTreeMap::from([
-            (DATA_DOWNLOAD_LABEL.to_owned(), name.clone()),
-            (labels::CREATED_BY.to_owned(), "ferry".to_owned()),
-        ]);
+        let labels = Self::labels(dd);
         let access_modes = spec
             .access_modes
             .clone()
@@ -217,7 +235,7 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
         dd: &DataDownload,
         node: &str,
     ) -> Result<Option<ExposedVolume>, WorkError> {
-        locate(&self.client, &self.config, &dd.name_any(), node).await.map_err(Into::into)
+        locate_telling(&self.client, &self.config, &self.waits, dd, node).await.map_err(Into::into)
     }
 
     async fn finish(
@@ -249,7 +267,7 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
             let original = spec.persistent_volume_reclaim_policy.clone().unwrap_or_default();
             spec.persistent_volume_reclaim_policy = Some("Retain".into());
             pv.annotations_mut().insert(labels::ORIGINAL_RECLAIM_POLICY.into(), original);
-            pv.labels_mut().insert(labels::RESTORE_FOR.into(), name.clone());
+            pv.labels_mut().insert(labels::RESTORE_FOR.into(), Self::restore_for(dd));
             true
         })
         .await?;
@@ -332,6 +350,7 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
 
     async fn cleanup(&self, dd: &DataDownload, _timeout: Duration) -> Result<(), WorkError> {
         let name = dd.name_any();
+        self.waits.done(&name);
         delete_if_present(&self.pods(), &name, "deleting the restore pod").await?;
         delete_if_present(&self.claims(), &name, "deleting the restore PVC").await?;
         // A volume Ferry held but never handed over (the restore failed or was canceled
@@ -345,5 +364,43 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
                 .await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // Tests fail loudly by design.
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::backup::tests::{is_label_value, longest_name};
+
+    fn download(name: &str) -> DataDownload {
+        serde_json::from_value(json!({
+            "apiVersion": "velero.io/v2alpha1", "kind": "DataDownload",
+            "metadata": { "name": name, "namespace": "velero" },
+            "spec": { "targetVolume": { "pvc": "data", "pv": "", "namespace": "app" },
+                      "backupStorageLocation": "default", "snapshotID": "s",
+                      "sourceNamespace": "app", "operationTimeout": "10m0s" },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_long_name_becomes_valid_label_values_and_the_selector_finds_them() {
+        let long = longest_name('a');
+        let dd = download(&long);
+        let value = CsiRestoreExposer::labels(&dd)[DATA_DOWNLOAD_LABEL].clone();
+        assert!(is_label_value(&value), "{value}");
+        assert_eq!(value, valid_label_value(&long));
+        let held = CsiRestoreExposer::restore_for(&dd);
+        assert!(is_label_value(&held), "{held}");
+        assert_eq!(
+            CsiRestoreExposer::held_selector(&dd),
+            format!("{}={held}", labels::RESTORE_FOR)
+        );
+        let other = download(&longest_name('b'));
+        assert_ne!(CsiRestoreExposer::restore_for(&other), held);
+        assert_eq!(CsiRestoreExposer::restore_for(&download("r-1")), "r-1");
     }
 }

@@ -70,7 +70,12 @@ pub async fn forget_recorded(
     }
     for ((location, volume_ns), entries) in by_repo {
         let (repo, described) = match repos.open(&location, &volume_ns, cancel).await {
-            Ok(found) => found,
+            Ok(found) => {
+                if let Some(warning) = &found.warning {
+                    tracing::warn!(repository = %found.location, "{warning}");
+                }
+                (found.repo, found.location)
+            }
             Err(e) => {
                 for (name, _) in entries {
                     round.failed.push((name, e.to_string()));

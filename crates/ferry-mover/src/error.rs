@@ -53,6 +53,28 @@ pub enum MoverError {
         #[source]
         source: Box<ferry_repo::RepoError>,
     },
+    /// The repository is still where earlier Ferry versions kept it, a folder Velero's
+    /// BackupStorageLocation validation rejects; it is used only once moved.
+    #[error(
+        "the repository is still at {old}, where earlier Ferry versions kept it (a folder that \
+         makes Velero mark the BackupStorageLocation Unavailable); Ferry now keeps it at {new}. \
+         Move it with `ferry repo move --repo {old} --to {new}` (with the repository password \
+         and the --s3-endpoint/--s3-region of other repo commands), then retry"
+    )]
+    RepositoryNotMoved {
+        /// The old location.
+        old: String,
+        /// Where it belongs now.
+        new: String,
+    },
+    /// No password Ferry has opens the repository.
+    #[error("opening repository {location}: {reason}")]
+    Password {
+        /// Where the repository is.
+        location: String,
+        /// Which passwords were tried.
+        reason: String,
+    },
     /// The volume cannot be handled.
     #[error("{0}")]
     Volume(String),

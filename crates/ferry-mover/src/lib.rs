@@ -2,25 +2,43 @@
 //!
 //! - [`RepositorySource`]: where a DataUpload's or DataDownload's repository is. Velero keeps
 //!   one repository per BackupStorageLocation and source namespace; [`BslRepositories`] does
-//!   the same (bucket and prefix from the BSL, under `<prefix>/ferry/<namespace>`; `region`,
-//!   `s3Url`, `s3ForcePathStyle` and `profile` from its config; credentials from the BSL's
-//!   secret or Velero's `cloud-credentials`; the repository password from Velero's
-//!   `velero-repo-credentials` secret, created with a random password if missing, safely
-//!   when several nodes race). [`FixedRepository`] serves one repository for everything.
+//!   the same: bucket and prefix from the BSL, the repository under
+//!   `<prefix>/plugins/ferry/<namespace>` ([`repository_prefix`]; `plugins/` is the one folder
+//!   beside its own that Velero's BSL validation accepts and Velero never writes or
+//!   collects); `region`, `s3Url`, `s3ForcePathStyle` and `profile` from its config;
+//!   credentials from the BSL's secret or Velero's `cloud-credentials`.
+//!   A repository still at `<prefix>/ferry/<namespace>`, where earlier versions kept it, is
+//!   not used and not replaced by a new one: opening fails with
+//!   [`MoverError::RepositoryNotMoved`], which names `ferry repo move`.
+//! - Passwords: new repositories are keyed by Ferry's own secret [`PASSWORD_SECRET`]
+//!   (`ferry-repo-credentials`, 32 random bytes hex, created by the first node, safely when
+//!   several race) and are never created with a weak password. Velero's
+//!   [`VELERO_PASSWORD_SECRET`] (whose published default Velero's server writes) is only read,
+//!   to open a repository an earlier version created with it; a key for Ferry's password is
+//!   then added to that repository and [`OpenedRepository::warning`] says how to remove the
+//!   old key (`ferry repo key remove`). [`FixedRepository`] serves one repository for
+//!   everything.
 //! - [`RepoMover`]: the [`ferry_agent::DataMover`] that backs a volume up into that
 //!   repository (incremental against the last snapshot of the same PVC, resuming from what an
 //!   interrupted upload left) and restores a snapshot into a volume.
-//! - [`deletion`]: the snapshots of deleted backups forgotten and their space reclaimed.
+//! - [`upload_finalizer`]: backup deletion without Ferry's plugin: each Completed DataUpload of
+//!   this mover is held by a finalizer until Velero deleted its backup and the snapshot is forgotten.
+//! - [`deletion`]: the snapshots recorded by Ferry's plugin for deleted backups forgotten and
+//!   their space reclaimed.
 
 mod bsl;
 pub mod deletion;
 mod error;
 mod mover;
+mod secrets;
 mod source;
+pub mod upload_finalizer;
 
 pub use bsl::{BslLocation, aws_credentials, location_of};
 pub use error::MoverError;
 pub use mover::{DATA_UPLOAD_TAG, RepoMover};
+pub use secrets::{PASSWORD_KEY, PASSWORD_SECRET, VELERO_PASSWORD_SECRET};
 pub use source::{
-    BslRepositories, FixedRepository, PASSWORD_KEY, PASSWORD_SECRET, RepositorySource,
+    BslRepositories, FixedRepository, OLD_REPOSITORY_FOLDER, OpenedRepository, REPOSITORY_FOLDER,
+    RepositorySource, old_repository_prefix, repository_prefix,
 };

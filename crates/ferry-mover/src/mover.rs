@@ -43,6 +43,24 @@ impl RepoMover {
     }
 }
 
+impl RepoMover {
+    /// The CR's repository. A warning found while opening it is logged here (the agent's
+    /// outcome types carry no warnings yet).
+    async fn open(
+        &self,
+        location: &str,
+        namespace: &str,
+        cancel: &CancellationToken,
+    ) -> Result<(Repository, String), WorkError> {
+        let opened =
+            self.repos.open(location, namespace, cancel).await.map_err(WorkError::from_error)?;
+        if let Some(warning) = &opened.warning {
+            tracing::warn!(repository = %opened.location, "{warning}");
+        }
+        Ok((opened.repo, opened.location))
+    }
+}
+
 /// Repository errors as the agent sees them: cancellation is not a failure.
 fn work_error(step: &'static str, location: &str, e: RepoError) -> WorkError {
     match e {
@@ -101,11 +119,8 @@ impl DataMover for RepoMover {
         progress: ProgressSink,
         cancel: CancellationToken,
     ) -> Result<BackupOutcome, WorkError> {
-        let (repo, location) = self
-            .repos
-            .open(&du.spec.backup_storage_location, &du.spec.source_namespace, &cancel)
-            .await
-            .map_err(WorkError::from_error)?;
+        let (repo, location) =
+            self.open(&du.spec.backup_storage_location, &du.spec.source_namespace, &cancel).await?;
         let source = source_of(du);
         let kind = match volume.mode {
             VolumeMode::Filesystem => SnapshotKind::Tree,
@@ -155,11 +170,8 @@ impl DataMover for RepoMover {
         progress: ProgressSink,
         cancel: CancellationToken,
     ) -> Result<RestoreOutcome, WorkError> {
-        let (repo, location) = self
-            .repos
-            .open(&dd.spec.backup_storage_location, &dd.spec.source_namespace, &cancel)
-            .await
-            .map_err(WorkError::from_error)?;
+        let (repo, location) =
+            self.open(&dd.spec.backup_storage_location, &dd.spec.source_namespace, &cancel).await?;
         let id = repo
             .find_snapshot(&dd.spec.snapshot_id, &cancel)
             .await
@@ -236,5 +248,41 @@ mod tests {
         assert_eq!(parent, Some(ids[0]));
         let none = parent_of(&repo, "ns/b", SnapshotKind::Tree, &cancel).await.unwrap();
         assert_eq!(none, None, "the damaged one is no parent");
+    }
+
+    #[tokio::test]
+    async fn a_file_hard_linked_three_times_counts_once_in_total_bytes() {
+        let cancel = CancellationToken::new();
+        let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+        let options =
+            InitOptions { kdf: KdfParams::insecure_for_tests(), ..InitOptions::default() };
+        let (repo, _) = Repository::init(store, b"pw", &options, &cancel).await.unwrap();
+        let mover = RepoMover::new(Arc::new(crate::FixedRepository::new(repo, "memory")));
+        let src = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        std::fs::write(src.path().join("a"), &data).unwrap();
+        std::fs::hard_link(src.path().join("a"), src.path().join("b")).unwrap();
+        std::fs::create_dir(src.path().join("sub")).unwrap();
+        std::fs::hard_link(src.path().join("a"), src.path().join("sub/c")).unwrap();
+        std::fs::write(src.path().join("single"), b"12345").unwrap();
+        let du: DataUpload = serde_json::from_value(serde_json::json!({
+            "apiVersion": "velero.io/v2alpha1", "kind": "DataUpload",
+            "metadata": { "name": "du-1", "namespace": "velero" },
+            "spec": {
+                "snapshotType": "CSI", "sourcePVC": "data", "datamover": "ferry",
+                "backupStorageLocation": "default", "sourceNamespace": "app",
+                "operationTimeout": "10m0s",
+            },
+        }))
+        .unwrap();
+        let volume = ExposedVolume {
+            node: "node-a".into(),
+            path: src.path().to_path_buf(),
+            mode: VolumeMode::Filesystem,
+            node_os: ferry_api::NodeOs::Linux,
+        };
+        let progress = ferry_agent::ProgressSink::new();
+        let outcome = mover.backup(&du, &volume, progress, cancel).await.unwrap();
+        assert_eq!(outcome.total_bytes, data.len() as u64 + 5, "each inode's data once");
     }
 }

@@ -5,34 +5,71 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use ferry_api::BackupStorageLocation;
-use ferry_api::k8s_openapi::ByteString;
-use ferry_api::k8s_openapi::api::core::v1::Secret;
-use ferry_repo::{CacheOptions, InitOptions, Repository};
-use ferry_store::{ObjectStore, S3Config, S3Options, S3Store};
-use kube::api::{Api, PostParams};
+use ferry_repo::{CacheOptions, InitOptions, RepoError, Repository, VELERO_DEFAULT_PASSWORD};
+use ferry_store::{ObjectKey, ObjectStore, S3Config, S3Options, S3Store};
+use kube::api::Api;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use crate::secrets::{PASSWORD_SECRET, Secrets, VELERO_PASSWORD_SECRET};
 use crate::{MoverError, aws_credentials, location_of};
 
-/// Velero's repository password secret, which Ferry shares.
-pub const PASSWORD_SECRET: &str = "velero-repo-credentials";
-/// The key of the password in [`PASSWORD_SECRET`].
-pub const PASSWORD_KEY: &str = "repository-password";
+/// The folder under a BSL's prefix that holds Ferry's repositories, one per namespace. Velero
+/// accepts `plugins/` beside its own folders and never writes or collects in it.
+pub const REPOSITORY_FOLDER: &str = "plugins/ferry";
+/// Where earlier Ferry versions kept them: a folder that makes Velero mark the BSL
+/// Unavailable. Repositories found there are not used until moved (`ferry repo move`).
+pub const OLD_REPOSITORY_FOLDER: &str = "ferry";
+
+/// The key prefix, inside the bucket, of the repository for `namespace` in a BSL whose prefix
+/// is `bsl_prefix`: `<bsl_prefix>/plugins/ferry/<namespace>`.
+#[must_use]
+pub fn repository_prefix(bsl_prefix: &str, namespace: &str) -> String {
+    join_prefix(bsl_prefix, REPOSITORY_FOLDER, namespace)
+}
+
+/// Where earlier Ferry versions kept that repository: `<bsl_prefix>/ferry/<namespace>`.
+#[must_use]
+pub fn old_repository_prefix(bsl_prefix: &str, namespace: &str) -> String {
+    join_prefix(bsl_prefix, OLD_REPOSITORY_FOLDER, namespace)
+}
+
+fn join_prefix(bsl_prefix: &str, folder: &str, namespace: &str) -> String {
+    [bsl_prefix.trim_matches('/'), folder, namespace]
+        .iter()
+        .filter(|p| !p.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// An opened repository, as [`RepositorySource::open`] returns it.
+#[derive(Debug, Clone)]
+pub struct OpenedRepository {
+    /// The repository.
+    pub repo: Repository,
+    /// Where it is, for messages (`s3://bucket/prefix`).
+    pub location: String,
+    /// Something the operator should act on, found while opening (the repository opened
+    /// only with Velero's password); the caller logs it or raises it as a Warning Event.
+    pub warning: Option<String>,
+}
 
 /// Finds and opens the repository for a BackupStorageLocation and source namespace.
 #[async_trait]
 pub trait RepositorySource: Send + Sync + 'static {
-    /// The repository (created if it does not exist yet) and a description of where it is.
+    /// The repository (created if it does not exist yet), where it is, and any warning.
     ///
     /// # Errors
-    /// [`MoverError`] naming the unusable location, secret or storage.
+    /// [`MoverError`] naming the unusable location, secret or storage, or
+    /// [`MoverError::RepositoryNotMoved`] when the repository is still where earlier
+    /// versions kept it.
     async fn open(
         &self,
         location: &str,
         namespace: &str,
         cancel: &CancellationToken,
-    ) -> Result<(Repository, String), MoverError>;
+    ) -> Result<OpenedRepository, MoverError>;
 }
 
 /// One repository for every location and namespace (a single-repository setup, the demo).
@@ -57,8 +94,12 @@ impl RepositorySource for FixedRepository {
         _location: &str,
         _namespace: &str,
         _cancel: &CancellationToken,
-    ) -> Result<(Repository, String), MoverError> {
-        Ok((self.repo.clone(), self.location.clone()))
+    ) -> Result<OpenedRepository, MoverError> {
+        Ok(OpenedRepository {
+            repo: self.repo.clone(),
+            location: self.location.clone(),
+            warning: None,
+        })
     }
 }
 
@@ -80,10 +121,18 @@ impl std::fmt::Debug for BslRepositories {
     }
 }
 
+/// A repository's store and how it is described in messages.
+struct Located {
+    store: Arc<dyn ObjectStore>,
+    described: String,
+}
+
 impl BslRepositories {
-    /// Reads BSLs and secrets in Velero's namespace `namespace`; new repositories get `init`.
+    /// Reads BSLs and secrets in Velero's namespace `namespace`; new repositories get `init`
+    /// (and are never created with a weak password).
     #[must_use]
     pub fn new(client: kube::Client, namespace: impl Into<String>, init: InitOptions) -> Self {
+        let init = InitOptions { refuse_weak_password: true, ..init };
         Self { client, namespace: namespace.into(), init, cache: None, open: Mutex::default() }
     }
 
@@ -94,69 +143,12 @@ impl BslRepositories {
         self
     }
 
-    async fn secret_value(&self, name: &str, key: &str) -> Result<Option<Vec<u8>>, MoverError> {
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-        let secret = secrets.get_opt(name).await.map_err(|e| MoverError::Api {
-            step: "reading a secret",
-            source: Box::new(ferry_kube::ApiError::from_kube("Secret", name, e)),
-        })?;
-        let Some(secret) = secret else { return Ok(None) };
-        let value = secret.data.and_then(|d| d.get(key).cloned()).map(|b| b.0);
-        match value {
-            Some(v) => Ok(Some(v)),
-            None => Err(MoverError::Secret {
-                namespace: self.namespace.clone(),
-                name: name.into(),
-                key: key.into(),
-                reason: "the secret has no such key".into(),
-            }),
-        }
+    fn secrets(&self) -> Secrets<'_> {
+        Secrets { client: &self.client, namespace: &self.namespace }
     }
 
-    /// The repository password; created (random) when the secret does not exist, and read
-    /// back when another node created it first.
-    async fn password(&self) -> Result<Vec<u8>, MoverError> {
-        if let Some(p) = self.secret_value(PASSWORD_SECRET, PASSWORD_KEY).await? {
-            return Ok(p);
-        }
-        let password = hex::encode(rand::random::<[u8; 32]>());
-        let secret = Secret {
-            metadata: kube::api::ObjectMeta {
-                name: Some(PASSWORD_SECRET.into()),
-                namespace: Some(self.namespace.clone()),
-                ..Default::default()
-            },
-            data: Some(
-                [(PASSWORD_KEY.to_owned(), ByteString(password.clone().into_bytes()))].into(),
-            ),
-            ..Secret::default()
-        };
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-        match secrets.create(&PostParams::default(), &secret).await {
-            Ok(_) => Ok(password.into_bytes()),
-            Err(e) => match ferry_kube::ApiError::from_kube("Secret", PASSWORD_SECRET, e) {
-                ferry_kube::ApiError::AlreadyExists { .. } => self
-                    .secret_value(PASSWORD_SECRET, PASSWORD_KEY)
-                    .await?
-                    .ok_or_else(|| MoverError::Secret {
-                        namespace: self.namespace.clone(),
-                        name: PASSWORD_SECRET.into(),
-                        key: PASSWORD_KEY.into(),
-                        reason: "created by another node and then deleted".into(),
-                    }),
-                source => Err(MoverError::Api {
-                    step: "creating the password secret",
-                    source: Box::new(source),
-                }),
-            },
-        }
-    }
-
-    async fn store_for(
-        &self,
-        location: &str,
-        namespace: &str,
-    ) -> Result<(Arc<dyn ObjectStore>, String), MoverError> {
+    /// The BSL `location`: its bucket, prefix and S3 options (credentials from its secret).
+    async fn location(&self, location: &str) -> Result<(String, String, S3Options), MoverError> {
         let bsls: Api<BackupStorageLocation> =
             Api::namespaced(self.client.clone(), &self.namespace);
         let bsl = bsls
@@ -176,7 +168,7 @@ impl BslRepositories {
             })?;
         let loc = location_of(&bsl)?;
         let (secret, key) = &loc.credential;
-        let credentials = match self.secret_value(secret, key).await? {
+        let credentials = match self.secrets().value(secret, key).await? {
             Some(text) => {
                 Some(aws_credentials(&String::from_utf8_lossy(&text), &loc.profile).map_err(
                     |reason| MoverError::Secret {
@@ -190,30 +182,114 @@ impl BslRepositories {
             // No secret: the standard AWS chain (IRSA, instance roles, environment).
             None => None,
         };
-        let prefix = [loc.prefix.trim_matches('/'), "ferry", namespace]
-            .iter()
-            .filter(|p| !p.is_empty())
-            .copied()
-            .collect::<Vec<_>>()
-            .join("/");
-        let described = format!("s3://{}/{prefix}", loc.bucket);
-        let config = S3Config {
-            bucket: loc.bucket,
-            prefix,
-            options: S3Options {
-                endpoint: loc.endpoint.clone(),
-                region: loc.region,
-                force_path_style: loc.force_path_style || loc.endpoint.is_some(),
-                credentials,
-                ..S3Options::default()
-            },
+        let options = S3Options {
+            endpoint: loc.endpoint.clone(),
+            region: loc.region,
+            force_path_style: loc.force_path_style || loc.endpoint.is_some(),
+            credentials,
+            ..S3Options::default()
         };
-        let store = S3Store::new(config).await.map_err(|source| MoverError::Store {
-            location: described.clone(),
-            source: Box::new(source),
-        })?;
-        Ok((Arc::new(store), described))
+        Ok((loc.bucket, loc.prefix, options))
     }
+
+    /// The repository's store and the one where earlier versions kept it.
+    async fn stores_for(
+        &self,
+        location: &str,
+        namespace: &str,
+    ) -> Result<(Located, Located), MoverError> {
+        let (bucket, prefix, options) = self.location(location).await?;
+        let new = located(&bucket, repository_prefix(&prefix, namespace), &options).await?;
+        let old = located(&bucket, old_repository_prefix(&prefix, namespace), &options).await?;
+        Ok((new, old))
+    }
+
+    /// Opens (or creates) the repository at `at` with Ferry's own password, else, for a
+    /// repository created with Velero's password, with that one (adding a key for Ferry's).
+    async fn open_at(
+        &self,
+        at: &Located,
+        cancel: &CancellationToken,
+    ) -> Result<(Repository, Option<String>), MoverError> {
+        let own = self.secrets().own_password().await?;
+        let repo_error = |step, source| MoverError::Repo {
+            step,
+            location: at.described.clone(),
+            source: Box::new(source),
+        };
+        match Repository::init(Arc::clone(&at.store), &own, &self.init, cancel).await {
+            Ok((repo, _)) => return Ok((repo, None)),
+            Err(RepoError::WrongPassword { .. }) => {}
+            Err(e) => return Err(repo_error("opening or creating the repository", e)),
+        }
+        let wrong_passwords = |velero: &str| MoverError::Password {
+            location: at.described.clone(),
+            reason: format!(
+                "neither the password in {ns}/{PASSWORD_SECRET} nor {velero} opens it",
+                ns = self.namespace
+            ),
+        };
+        let Some(velero) = self.secrets().velero_password().await? else {
+            let absent = format!("Velero's {VELERO_PASSWORD_SECRET} (absent)");
+            return Err(wrong_passwords(&absent));
+        };
+        let old = match Repository::open(Arc::clone(&at.store), &velero, cancel).await {
+            Ok(repo) => repo,
+            Err(RepoError::WrongPassword { .. }) => {
+                let name = format!("the one in {}/{VELERO_PASSWORD_SECRET}", self.namespace);
+                return Err(wrong_passwords(&name));
+            }
+            Err(e) => return Err(repo_error("opening the repository", e)),
+        };
+        // Created by an earlier version with Velero's password: from now on Ferry's own opens
+        // it too. The old key stays (something else may use it) until the operator removes it.
+        let added = old
+            .add_password(&own, self.init.kdf, cancel)
+            .await
+            .map_err(|e| repo_error("adding a key for Ferry's password", e))?;
+        let repo = Repository::open(Arc::clone(&at.store), &own, cancel)
+            .await
+            .map_err(|e| repo_error("opening the repository with the key just added", e))?;
+        let which = if velero == VELERO_DEFAULT_PASSWORD {
+            "Velero's published default password (anyone who can read the bucket can decrypt \
+             it while that key remains)"
+        } else {
+            "the password of Velero's secret"
+        };
+        let warning = format!(
+            "repository {} opened only with {which} from {}/{VELERO_PASSWORD_SECRET}; added \
+             key {added} for Ferry's own {}/{PASSWORD_SECRET}, which opens it from now on. \
+             Remove the old key {} with `ferry repo key remove --repo {} {}` (password: \
+             Ferry's secret) once nothing else uses it",
+            at.described,
+            self.namespace,
+            self.namespace,
+            old.key_id(),
+            at.described,
+            old.key_id(),
+        );
+        Ok((repo, Some(warning)))
+    }
+}
+
+async fn located(bucket: &str, prefix: String, options: &S3Options) -> Result<Located, MoverError> {
+    let described = format!("s3://{bucket}/{prefix}");
+    let config = S3Config { bucket: bucket.to_owned(), prefix, options: options.clone() };
+    let store = S3Store::new(config).await.map_err(|source| MoverError::Store {
+        location: described.clone(),
+        source: Box::new(source),
+    })?;
+    Ok(Located { store: Arc::new(store), described })
+}
+
+/// Whether a repository is at `store` (its `config` object exists; see FORMAT.md).
+async fn holds_repository(at: &Located, cancel: &CancellationToken) -> Result<bool, MoverError> {
+    let store_error =
+        |source| MoverError::Store { location: at.described.clone(), source: Box::new(source) };
+    let config = ObjectKey::new("config")
+        .map_err(|e| MoverError::Location { name: at.described.clone(), reason: e.to_string() })?;
+    let found = at.store.head(&config, cancel).await.map_err(store_error)?;
+    Ok(found.is_some())
 }
 
 #[async_trait]
@@ -223,26 +299,48 @@ impl RepositorySource for BslRepositories {
         location: &str,
         namespace: &str,
         cancel: &CancellationToken,
-    ) -> Result<(Repository, String), MoverError> {
+    ) -> Result<OpenedRepository, MoverError> {
         let key = (location.to_owned(), namespace.to_owned());
         let mut open = self.open.lock().await;
-        if let Some(found) = open.get(&key) {
-            return Ok(found.clone());
+        if let Some((repo, location)) = open.get(&key) {
+            return Ok(OpenedRepository {
+                repo: repo.clone(),
+                location: location.clone(),
+                warning: None,
+            });
         }
-        let (store, described) = self.store_for(location, namespace).await?;
-        let password = self.password().await?;
-        let (repo, _) =
-            Repository::init(store, &password, &self.init, cancel).await.map_err(|source| {
-                MoverError::Repo {
-                    step: "opening or creating the repository",
-                    location: described.clone(),
-                    source: Box::new(source),
-                }
-            })?;
+        let (new, old) = self.stores_for(location, namespace).await?;
+        // A repository left where earlier versions kept it is not replaced by a new empty
+        // one (its snapshots would be "not found"): it must be moved first.
+        if !holds_repository(&new, cancel).await? && holds_repository(&old, cancel).await? {
+            return Err(MoverError::RepositoryNotMoved { old: old.described, new: new.described });
+        }
+        let (repo, warning) = self.open_at(&new, cancel).await?;
         if let Some(cache) = &self.cache {
             repo.set_cache(cache);
         }
-        open.insert(key, (repo.clone(), described.clone()));
-        Ok((repo, described))
+        open.insert(key, (repo.clone(), new.described.clone()));
+        Ok(OpenedRepository { repo, location: new.described, warning })
+    }
+}
+
+#[async_trait]
+impl crate::upload_finalizer::BackupMetadata for BslRepositories {
+    async fn backup_exists(
+        &self,
+        location: &str,
+        backup: &str,
+        cancel: &CancellationToken,
+    ) -> Result<bool, MoverError> {
+        let (bucket, prefix, options) = self.location(location).await?;
+        let root = located(&bucket, prefix.trim_matches('/').to_owned(), &options).await?;
+        // Velero's layout: `<prefix>/backups/<name>/velero-backup.json`.
+        let key = ObjectKey::new(format!("backups/{backup}/velero-backup.json"))
+            .map_err(|e| MoverError::Location { name: location.into(), reason: e.to_string() })?;
+        let found = root.store.head(&key, cancel).await.map_err(|source| MoverError::Store {
+            location: root.described.clone(),
+            source: Box::new(source),
+        })?;
+        Ok(found.is_some())
     }
 }

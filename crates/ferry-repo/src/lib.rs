@@ -53,8 +53,8 @@ pub use error::{RepoError, RepoResult};
 pub use format::{BlobId, KdfParams, KeyId, Snapshot, SnapshotId, SnapshotKind, Summary};
 pub use progress::{Progress, ProgressFn};
 pub use repo::{
-    BlobLocation, CacheOptions, InitOptions, InitOutcome, KeyDetails, KeyInfo, RepoStats,
-    Repository, hostname,
+    BlobLocation, CacheOptions, InitOptions, InitOutcome, KeyDetails, KeyInfo, MIN_PASSWORD_LEN,
+    RepoStats, Repository, VELERO_DEFAULT_PASSWORD, hostname, weak_password_reason,
 };
 pub use restore::{MAX_DEPTH, RestoreOptions, RestoreSummary, restore};
 pub use volume::{

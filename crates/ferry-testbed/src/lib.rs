@@ -5,6 +5,8 @@
 //!   fixtures installed and the `velero` namespace created. [`ControlPlane::shared`] starts one
 //!   per test binary; tests isolate themselves with [`ControlPlane::unique_namespace`].
 //! - [`S3Server`]: moto's S3 server (or MinIO, for benchmarks) on a free port.
+//! - [`velero::VeleroServer`]: the real `velero server` and CLI of the pinned version with
+//!   Velero's AWS plugin, built by `scripts/build-velero.sh` (cached), and Velero's own CRDs.
 //!
 //! Every process is started through [`process::spawn`], so it dies with the test binary even
 //! when a test panics or the binary is killed.
@@ -15,6 +17,7 @@ pub mod goplugin_host;
 mod moto;
 pub mod paths;
 pub mod process;
+pub mod velero;
 
 pub use control_plane::{ControlPlane, VELERO_NAMESPACE, install_crypto_provider};
 pub use moto::S3Server;

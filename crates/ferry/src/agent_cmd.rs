@@ -195,10 +195,27 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     let client_for_deletions = client.clone();
     let agent = Agent::start(client, config, backends).await.context("starting the agent")?;
     let deletions = tokio::spawn(ferry_mover::deletion::keep_forgetting(
+        client_for_deletions.clone(),
+        args.namespace.clone(),
+        args.data_mover.clone(),
+        Arc::clone(&repos),
+        args.deletion_interval,
+        cancel.clone(),
+    ));
+    // Backup deletion without Ferry's plugin: Completed DataUploads are held by a finalizer
+    // until Velero has deleted their backup (its files gone from the location, which this
+    // reads) and the snapshot is forgotten.
+    let locations = Arc::new(BslRepositories::new(
+        client_for_deletions.clone(),
+        args.namespace.clone(),
+        InitOptions::default(),
+    ));
+    let reclaims = tokio::spawn(ferry_mover::upload_finalizer::keep_reclaiming(
         client_for_deletions,
         args.namespace.clone(),
         args.data_mover.clone(),
         repos,
+        locations,
         args.deletion_interval,
         cancel.clone(),
     ));
@@ -224,6 +241,7 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     agent.shutdown().await;
     server_stop.cancel();
     deletions.abort();
+    reclaims.abort();
     served
 }
 

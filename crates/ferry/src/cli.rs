@@ -8,7 +8,8 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "ferry", version, about)]
 pub struct Cli {
-    /// More logging on stderr (-v: info, -vv: debug). `FERRY_LOG` takes a full filter.
+    /// More logging on stderr (-v: info, -vv: debug). `FERRY_LOG` (else `RUST_LOG`) takes a full
+    /// filter; no colour codes unless stderr is a terminal and `NO_COLOR` is unset.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
     #[command(subcommand)]
@@ -104,6 +105,17 @@ pub enum RepoCommand {
     Key {
         #[command(subcommand)]
         command: KeyCommand,
+    },
+    /// Move the repository to another location: copy every object (an object already at the
+    /// destination must hold the same bytes), prove the copy opens with the password, then
+    /// delete the old objects. Safe to run again after an interruption.
+    Move {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// Where the repository goes (`file:///abs/path` or `s3://bucket/prefix`; the same S3
+        /// endpoint, region and credentials as `--repo`).
+        #[arg(long, value_name = "URL")]
+        to: String,
     },
 }
 

@@ -8,6 +8,7 @@ mod forget_policy;
 mod gc_cmds;
 mod key_cmds;
 mod ls_cmd;
+mod move_cmd;
 mod password;
 mod plugin_cmd;
 mod progress;
@@ -68,6 +69,9 @@ async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()>
         Command::Repo { command: RepoCommand::Init { repo, pack_size_mib } } => {
             repo_cmds::init(&repo, pack_size_mib, cancel).await
         }
+        Command::Repo { command: RepoCommand::Move { repo, to } } => {
+            move_cmd::move_repo(&repo, &to, cancel).await
+        }
         Command::Repo { command: RepoCommand::Passwd { repo, new_password } } => {
             key_cmds::passwd(&repo, &new_password, cancel).await
         }
@@ -111,15 +115,31 @@ fn one_line(err: &anyhow::Error) -> String {
     ferry_agent::error_chain(err.as_ref())
 }
 
+/// Logs to stderr, filtered by `FERRY_LOG`, else by `RUST_LOG`, else by `-v`; colour only on
+/// a terminal and when `NO_COLOR` is unset or empty (a pod's log is a file, not a terminal).
 fn init_logging(verbose: u8) {
+    use std::io::IsTerminal as _;
+    use tracing_subscriber::EnvFilter;
+
     let default = match verbose {
         0 => "warn",
         1 => "info",
         _ => "debug",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let set = |var: &str| std::env::var_os(var).is_some_and(|v| !v.is_empty());
+    let filter = match ["FERRY_LOG", "RUST_LOG"].into_iter().find(|var| set(var)) {
+        Some(var) => EnvFilter::try_from_env(var).unwrap_or_else(|e| {
+            eprintln!("ferry: warning: ignoring {var}, not a log filter ({e}); using {default}");
+            EnvFilter::new(default)
+        }),
+        None => EnvFilter::new(default),
+    };
+    let ansi = std::io::stderr().is_terminal() && !set("NO_COLOR");
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .init();
 }
 
 #[cfg(test)]

@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{BackupArgs, CacheArgs, RepoArgs, RestoreArgs};
 use crate::{password, progress};
 
-async fn open_store(args: &RepoArgs) -> anyhow::Result<Arc<dyn ObjectStore>> {
+/// The store at `args.repo`, with the S3 flags of `args`.
+pub(crate) async fn open_store(args: &RepoArgs) -> anyhow::Result<Arc<dyn ObjectStore>> {
     let url = StoreUrl::parse(&args.repo)?;
     let options = S3Options {
         endpoint: args.s3_endpoint.clone(),
@@ -78,7 +79,7 @@ pub async fn init(
             .with_context(|| format!("creating repository directory {}", root.display()))?;
     }
     let store = open_store(args).await?;
-    let mut options = InitOptions::default();
+    let mut options = InitOptions { refuse_weak_password: true, ..InitOptions::default() };
     if let Some(mib) = pack_size_mib {
         options.packs.target_size = mib << 20;
     }

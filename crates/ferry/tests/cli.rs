@@ -318,20 +318,20 @@ fn passwords_are_added_removed_and_changed_without_touching_the_data() {
     let repo = format!("file://{}", dir.path().join("repo").display());
     let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
     make_tree(&src);
-    ok(&ferry(&[("FERRY_PASSWORD", "alpha")], &["repo", "init", "--repo", &repo]));
+    ok(&ferry(&[("FERRY_PASSWORD", "alpha-password-16")], &["repo", "init", "--repo", &repo]));
     let backup = ok(&ferry(
-        &[("FERRY_PASSWORD", "alpha")],
+        &[("FERRY_PASSWORD", "alpha-password-16")],
         &["backup", "--repo", &repo, src.to_str().expect("utf-8")],
     ));
     let snapshot = backup.lines().last().expect("snapshot id").to_owned();
 
     // A second password.
     let added = ok(&ferry(
-        &[("FERRY_PASSWORD", "alpha"), ("FERRY_NEW_PASSWORD", "beta")],
+        &[("FERRY_PASSWORD", "alpha-password-16"), ("FERRY_NEW_PASSWORD", "beta")],
         &["repo", "key", "add", "--repo", &repo],
     ));
     let beta_key = added.trim().to_owned();
-    let keys = key_list("alpha", &repo);
+    let keys = key_list("alpha-password-16", &repo);
     assert_eq!(keys.len(), 2, "{keys:?}");
     let alpha_key = current_key(&keys);
     assert_ne!(alpha_key, beta_key);
@@ -340,8 +340,10 @@ fn passwords_are_added_removed_and_changed_without_touching_the_data() {
         assert_eq!(k["kdf"]["algorithm"], "argon2id", "{k}");
         assert!(k["created"].as_str().is_some_and(|t| t.ends_with('Z')), "{k}");
     }
-    let table =
-        ok(&ferry(&[("FERRY_PASSWORD", "alpha")], &["repo", "key", "list", "--repo", &repo]));
+    let table = ok(&ferry(
+        &[("FERRY_PASSWORD", "alpha-password-16")],
+        &["repo", "key", "list", "--repo", &repo],
+    ));
     assert!(table.lines().any(|l| l.starts_with(&format!("* {}", &alpha_key[..16]))), "{table}");
 
     // Refusals: the key of the password in use, an unknown key, a too-short prefix.
@@ -350,13 +352,15 @@ fn passwords_are_added_removed_and_changed_without_touching_the_data() {
         ("00000000", "no such key"),
         ("ab", "4 hex"),
     ] {
-        let out =
-            ferry(&[("FERRY_PASSWORD", "alpha")], &["repo", "key", "remove", "--repo", &repo, id]);
+        let out = ferry(
+            &[("FERRY_PASSWORD", "alpha-password-16")],
+            &["repo", "key", "remove", "--repo", &repo, id],
+        );
         assert!(!out.status.success(), "removing {id} succeeded");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(expected), "removing {id}: {stderr}");
     }
-    assert_eq!(key_list("alpha", &repo).len(), 2);
+    assert_eq!(key_list("alpha-password-16", &repo).len(), 2);
 
     // Opened with beta, alpha's key goes (by prefix); alpha no longer opens the repository.
     let removed = ok(&ferry(
@@ -364,7 +368,7 @@ fn passwords_are_added_removed_and_changed_without_touching_the_data() {
         &["repo", "key", "remove", "--repo", &repo, &alpha_key[..10]],
     ));
     assert!(removed.contains(&alpha_key), "{removed}");
-    let out = ferry(&[("FERRY_PASSWORD", "alpha")], &["snapshots", "--repo", &repo]);
+    let out = ferry(&[("FERRY_PASSWORD", "alpha-password-16")], &["snapshots", "--repo", &repo]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("wrong password"), "{out:?}");
     let out = ferry(
         &[("FERRY_PASSWORD", "beta")],
@@ -745,4 +749,116 @@ fn restore_links_more_hardlink_groups_than_open_files_allow() {
         let text = std::fs::read_to_string(out.join(format!("links/l{i:03}"))).expect("read");
         assert_eq!(text, format!("file {i}"));
     }
+}
+
+/// `RUST_LOG` filters the logs when `FERRY_LOG` is unset, and logs to a pipe (a pod's log, not
+/// a terminal) carry no colour codes.
+#[test]
+fn rust_log_filters_and_piped_logs_have_no_colour_codes() {
+    let s3 = S3Server::shared();
+    s3.create_bucket("cli-rust-log").expect("bucket");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = common::ferry_command(&["repo", "init", "--repo", "s3://cli-rust-log/ns"])
+        .env("AWS_ACCESS_KEY_ID", "ferry-test")
+        .env("AWS_SECRET_ACCESS_KEY", "ferry-test-secret")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("FERRY_S3_ENDPOINT", s3.endpoint())
+        .env("FERRY_S3_REGION", "us-east-1")
+        .env("XDG_CACHE_HOME", dir.path())
+        .env_remove("FERRY_LOG")
+        .env_remove("NO_COLOR")
+        .env("RUST_LOG", "debug")
+        .output()
+        .expect("run ferry");
+    ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.lines().any(|l| l.contains("DEBUG")), "no debug line on stderr:\n{stderr}");
+    assert!(!out.stderr.contains(&0x1b), "ANSI escape codes on a pipe:\n{stderr}");
+}
+
+/// `ferry repo init` refuses to create a repository with a password under 16 bytes or with
+/// Velero's published default; opening an existing one with a short password stays allowed.
+#[test]
+fn repo_init_refuses_weak_passwords() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = format!("file://{}", dir.path().join("repo").display());
+    for (password, says) in [
+        ("fifteen-bytes!!", "password of 15 bytes (at least 16)"),
+        ("static-passw0rd", "published default"),
+    ] {
+        let out = ferry(&[("FERRY_PASSWORD", password)], &["repo", "init", "--repo", &repo]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{password:?} accepted");
+        assert!(stderr.contains(says) && stderr.contains("openssl rand"), "{stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+        assert!(!dir.path().join("repo/config").exists(), "nothing created");
+    }
+    let strong = "sixteen-bytes!!!";
+    ok(&ferry(&[("FERRY_PASSWORD", strong)], &["repo", "init", "--repo", &repo]));
+    ok(&ferry(
+        &[("FERRY_PASSWORD", strong), ("FERRY_NEW_PASSWORD", "short")],
+        &["repo", "key", "add", "--repo", &repo],
+    ));
+    let again = ok(&ferry(&[("FERRY_PASSWORD", "short")], &["repo", "init", "--repo", &repo]));
+    assert!(again.contains("already exists"), "{again}");
+}
+
+fn files_under(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries {
+            let path = entry.expect("entry").path();
+            if path.is_dir() { dirs.push(path) } else { found.push(path) }
+        }
+    }
+    found
+}
+
+/// `ferry repo move`: every object copied (objects an interrupted run already copied are
+/// fine), the copy readable at the new place, the old place empty, a rerun harmless, and a
+/// destination holding another repository refused before anything is copied or deleted.
+#[test]
+fn repo_move_moves_a_repository_and_reruns_safely() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (old, src) = repo_and_tree(dir.path());
+    let backup = ok(&ferry(&[], &["backup", "--repo", &old, src.to_str().expect("utf-8")]));
+    let id = backup.lines().last().expect("snapshot id").to_owned();
+    let old_root = dir.path().join("repo");
+    let new_root = dir.path().join("bsl/plugins/ferry/ns");
+    let new = format!("file://{}", new_root.display());
+    // An earlier run copied some objects before it was interrupted.
+    for file in files_under(&old_root).iter().filter(|f| !f.ends_with("config")).take(2) {
+        let to = new_root.join(file.strip_prefix(&old_root).expect("under root"));
+        std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+        std::fs::copy(file, &to).expect("copy");
+    }
+    let objects = files_under(&old_root).len();
+
+    let out = ok(&ferry(&[], &["repo", "move", "--repo", &old, "--to", &new]));
+    assert!(out.contains(&format!("moved {objects} objects")), "{out}");
+    assert_eq!(files_under(&old_root), Vec::<std::path::PathBuf>::new(), "old place empty");
+    assert_eq!(files_under(&new_root).len(), objects);
+    let listed = ok(&ferry(&[], &["snapshots", "--repo", &new]));
+    assert!(listed.contains(&id[..8]), "{listed}");
+    let target = dir.path().join("restored");
+    ok(&ferry(&[], &["restore", "--repo", &new, &id, target.to_str().expect("utf-8")]));
+    assert_same_tree(&src, &target);
+    ok(&ferry(&[], &["check", "--repo", &new, "--read-data"]));
+
+    let again = ok(&ferry(&[], &["repo", "move", "--repo", &old, "--to", &new]));
+    assert!(again.contains("is empty"), "{again}");
+    assert_eq!(files_under(&new_root).len(), objects, "a rerun changes nothing");
+
+    // Another repository at the destination: refused, nothing touched.
+    let other = format!("file://{}", dir.path().join("other").display());
+    ok(&ferry(&[], &["repo", "init", "--repo", &other]));
+    let before = files_under(&new_root).len();
+    let refused = ferry(&[], &["repo", "move", "--repo", &new, "--to", &other]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("holds another repository"), "{stderr}");
+    assert_eq!(files_under(&new_root).len(), before);
+    assert_eq!(files_under(&dir.path().join("other")).len(), 2, "config and one key");
 }

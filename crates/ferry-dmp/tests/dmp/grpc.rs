@@ -81,7 +81,7 @@ async fn velero_drives_the_backup_action_over_grpc() {
         .backup(&named(&cluster, "b"), json!({"snapshotMoveData": true, "datamover": "ferry"}))
         .await;
     let mut server = PluginServer::new();
-    ferry_dmp::register(&mut server, &cluster.ctx()).unwrap();
+    ferry_dmp::register(&mut server, &cluster.ctx(), ferry_dmp::Actions::All).unwrap();
     let served = Served::start(server).await;
     let channel = served.channel().await;
 
@@ -164,4 +164,22 @@ async fn velero_drives_the_backup_action_over_grpc() {
         .unwrap_err();
     assert_eq!(missing.code(), tonic::Code::NotFound);
     served.stop().await;
+}
+
+/// Beside a Velero server, whose own CSI support runs its PVC actions for every volume, the
+/// plugin lists no PVC action of its own (each volume would get two item operations).
+#[tokio::test]
+async fn beside_velero_only_the_data_upload_delete_action_is_listed() {
+    let cluster = Cluster::new("dmp-beside").await;
+    let mut server = PluginServer::new();
+    ferry_dmp::register(&mut server, &cluster.ctx(), ferry_dmp::Actions::BesideVelero).unwrap();
+    let served = Served::start(server).await;
+    let listed = PluginListerClient::new(served.channel().await)
+        .list_plugins(generated::Empty {})
+        .await
+        .unwrap()
+        .into_inner()
+        .plugins;
+    let kinds: Vec<_> = listed.iter().map(|p| (p.kind.as_str(), p.name.as_str())).collect();
+    assert_eq!(kinds, [("DeleteItemAction", ferry_dmp::DATA_UPLOAD_DELETE_PLUGIN)]);
 }

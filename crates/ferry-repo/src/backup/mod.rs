@@ -73,7 +73,7 @@ impl Default for BackupOptions {
 pub struct BackupSummary {
     /// The new snapshot.
     pub snapshot_id: SnapshotId,
-    /// Content bytes in the snapshot.
+    /// Content bytes in the snapshot (a file with several hard links counted once).
     pub bytes_total: u64,
     /// Content bytes new to the repository.
     pub bytes_new: u64,

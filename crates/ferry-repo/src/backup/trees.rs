@@ -40,11 +40,20 @@ pub(crate) struct TreeBuilder<'a> {
     packer: LocalPacker,
     stack: Vec<OpenDir>,
     pub(crate) summary: Summary,
+    /// Hard-link groups whose size is in `summary.bytes_total` already: a file with several
+    /// names holds its data once.
+    counted_links: std::collections::HashSet<u64>,
 }
 
 impl<'a> TreeBuilder<'a> {
     pub(crate) fn new(shared: &'a Shared, packer: LocalPacker) -> Self {
-        Self { shared, packer, stack: Vec::new(), summary: Summary::default() }
+        Self {
+            shared,
+            packer,
+            stack: Vec::new(),
+            summary: Summary::default(),
+            counted_links: std::collections::HashSet::new(),
+        }
     }
 
     /// Consumes events until the root directory ends; returns the root node.
@@ -113,7 +122,9 @@ impl<'a> TreeBuilder<'a> {
         match &node.body {
             NodeBody::File(c) => {
                 self.summary.files += 1;
-                self.summary.bytes_total += c.size;
+                if node.hardlink.is_none_or(|group| self.counted_links.insert(group)) {
+                    self.summary.bytes_total += c.size;
+                }
             }
             NodeBody::Dir { .. } => self.summary.dirs += 1,
             _ => {}

@@ -13,7 +13,7 @@ use crate::format::{
 /// Counters recorded with a snapshot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Summary {
-    /// Bytes of file content in the snapshot.
+    /// Bytes of file content in the snapshot (a file with several hard links counted once).
     pub bytes_total: u64,
     /// Bytes of content that were new to the repository (before compression).
     pub bytes_new: u64,

@@ -5,6 +5,7 @@ mod disk_cache;
 pub(crate) mod index;
 mod keys;
 pub(crate) mod layout;
+mod password_policy;
 mod snapshots;
 mod stats;
 pub(crate) mod writer;
@@ -27,6 +28,7 @@ use disk_cache::{Cached, DiskCache};
 pub use index::BlobLocation;
 pub(crate) use index::MemIndex;
 pub use keys::{KeyDetails, KeyInfo};
+pub use password_policy::{MIN_PASSWORD_LEN, VELERO_DEFAULT_PASSWORD, weak_password_reason};
 pub use stats::RepoStats;
 
 /// How many objects are fetched at once when loading many (index files, snapshots).
@@ -41,6 +43,10 @@ pub struct InitOptions {
     pub chunker: ChunkerParams,
     /// Pack sizes.
     pub packs: PackParams,
+    /// Refuse to create the repository with a weak password (see [`weak_password_reason`]);
+    /// opening an existing one is unaffected. Off by default for library use and tests;
+    /// `ferry repo init` and the agent set it.
+    pub refuse_weak_password: bool,
 }
 
 /// Whether [`Repository::init`] created the repository.
@@ -109,7 +115,8 @@ impl Repository {
     ///
     /// # Errors
     /// Store failures; [`RepoError::WrongPassword`] when the repository exists (or a racing
-    /// node created it) under another password.
+    /// node created it) under another password; [`RepoError::InvalidInput`] when it would be
+    /// created with a weak password and [`InitOptions::refuse_weak_password`] is set.
     pub async fn init(
         store: Arc<dyn ObjectStore>,
         password: &[u8],
@@ -124,6 +131,11 @@ impl Repository {
             .is_some()
         {
             return Ok((Self::open(store, password, cancel).await?, InitOutcome::AlreadyExisted));
+        }
+        if options.refuse_weak_password
+            && let Some(reason) = weak_password_reason(password)
+        {
+            return Err(RepoError::InvalidInput { what: "password for a new repository", reason });
         }
         let mut repo_id = [0u8; 32];
         rand::RngCore::fill_bytes(&mut rand::rng(), &mut repo_id);

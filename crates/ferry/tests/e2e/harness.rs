@@ -444,11 +444,11 @@ impl World {
         args: &[&str],
     ) -> Result<std::process::Output, Box<dyn std::error::Error>> {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
-        let secret = secrets.get("velero-repo-credentials").await?;
+        let secret = secrets.get(ferry_mover::PASSWORD_SECRET).await?;
         let password = secret
             .data
-            .and_then(|d| d.get("repository-password").cloned())
-            .ok_or("velero-repo-credentials has no repository-password")?;
+            .and_then(|d| d.get(ferry_mover::PASSWORD_KEY).cloned())
+            .ok_or("Ferry's password secret has no repository-password")?;
         let dir = tempfile::tempdir()?;
         let password_file = dir.path().join("password");
         std::fs::write(&password_file, &password.0)?;
@@ -456,7 +456,7 @@ impl World {
         Ok(tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
             .args(args)
             .arg("--repo")
-            .arg(format!("s3://{bucket}/velero/ferry/{}", self.ns))
+            .arg(format!("s3://{bucket}/{}", ferry_mover::repository_prefix("velero", &self.ns)))
             .arg("--password-file")
             .arg(&password_file)
             .args(["--s3-endpoint", S3Server::shared().endpoint(), "--s3-region", "us-east-1"])

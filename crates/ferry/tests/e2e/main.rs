@@ -6,6 +6,7 @@ mod backup_restore;
 mod cancel;
 mod deletion;
 mod harness;
+mod long_names;
 mod many_uploads;
 mod placement;
 mod plugin_host;

@@ -39,6 +39,8 @@ async fn launch(path: &Path, world: &World) -> Result<PluginProcess, ferry_host:
         ("KUBECONFIG", ControlPlane::shared().kubeconfig().display().to_string()),
         ("VELERO_NAMESPACE", VELERO_NAMESPACE.to_owned()),
         ("FERRY_DATA_MOVER", world.mover.clone()),
+        // Ferry's own host plays a Velero without CSI support: every action.
+        ("FERRY_PLUGIN_ACTIONS", "all".to_owned()),
         // The socket's folder in the test's own folder: a plugin killed like a crash cannot
         // remove it, and the test's folder goes with the test.
         ("PLUGIN_UNIX_SOCKET_DIR", world.logs.path().display().to_string()),

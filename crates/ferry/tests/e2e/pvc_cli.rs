@@ -2,11 +2,10 @@
 //! volume backed up and restored into another namespace by the CLI alone (no Velero), with
 //! the agents moving the data; and the refusals a user can act on.
 
-use ferry_api::k8s_openapi::api::core::v1::Secret;
 use ferry_api::{Backup, Restore};
 use ferry_sim::{Binding, FsTree, VolumeMode};
 use ferry_testbed::VELERO_NAMESPACE;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 
 use crate::harness::{Setup, TestResult, World};
 
@@ -42,17 +41,6 @@ async fn a_pvc_is_backed_up_and_restored_by_the_cli_without_velero() -> TestResu
     let sim = world.sim();
     sim.create_pvc(&world.ns, "data", "32Mi", VolumeMode::Filesystem, Binding::Immediate).await?;
     sim.write_files(&world.ns, "data", &tree).await?;
-    // The repository's password, as Velero's install (or the operator) sets it; the agents
-    // create the repository with it on their first backup.
-    let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": "velero-repo-credentials", "namespace": VELERO_NAMESPACE },
-        "stringData": { "repository-password": "volume-cli-e2e" },
-    }))?;
-    let secrets: Api<Secret> = Api::namespaced(world.client.clone(), VELERO_NAMESPACE);
-    if let Err(e) = secrets.create(&PostParams::default(), &secret).await {
-        // Another test's agents made it first: fine, the CLI reads whichever is there.
-        assert!(matches!(e, kube::Error::Api(ref s) if s.code == 409), "{e}");
-    }
     let common = [
         "--velero-namespace",
         VELERO_NAMESPACE,

@@ -68,6 +68,7 @@ async fn velero_s_plugin_manager_backs_up_a_pvc_through_ferry_s_plugin() -> Test
         .env("KUBECONFIG", ControlPlane::shared().kubeconfig())
         .env("VELERO_NAMESPACE", VELERO_NAMESPACE)
         .env("FERRY_DATA_MOVER", &world.mover)
+        .env("FERRY_PLUGIN_ACTIONS", "all")
         .env("TMPDIR", dir.path())
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out)?)

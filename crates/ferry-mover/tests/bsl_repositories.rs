@@ -1,0 +1,228 @@
+//! `BslRepositories` against a real API server and moto: where repositories go, what happens
+//! to one left where earlier versions kept it, and which password keys them.
+
+use std::sync::Arc;
+
+use ferry_api::k8s_openapi::api::core::v1::Secret;
+use ferry_mover::{
+    BslRepositories, MoverError, PASSWORD_KEY, PASSWORD_SECRET, RepositorySource,
+    VELERO_PASSWORD_SECRET,
+};
+use ferry_repo::{InitOptions, KdfParams, RepoError, Repository};
+use ferry_store::{ObjectStore, S3Config, S3Options, S3Store, StaticCredentials};
+use ferry_testbed::{ControlPlane, S3Server};
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const PREFIX: &str = "velero";
+const BSL: &str = "default";
+const SOURCE_NS: &str = "app";
+const VELERO_DEFAULT: &[u8] = b"static-passw0rd";
+
+fn fast() -> InitOptions {
+    InitOptions { kdf: KdfParams::insecure_for_tests(), ..InitOptions::default() }
+}
+
+/// A namespace playing Velero's, with a BSL `default` over a fresh moto bucket.
+struct World {
+    client: kube::Client,
+    namespace: String,
+    bucket: String,
+}
+
+impl World {
+    async fn new(name: &str) -> Self {
+        ferry_testbed::install_crypto_provider();
+        let cp = ControlPlane::shared();
+        let client = cp.client().expect("client");
+        let namespace = cp.unique_namespace(name).await.expect("namespace");
+        let bucket = namespace.clone();
+        let s3 = S3Server::shared();
+        s3.create_bucket(&bucket).expect("bucket");
+        let secret: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": "cloud-credentials", "namespace": namespace },
+            "stringData": {
+                "cloud": "[default]\naws_access_key_id = t\naws_secret_access_key = s\n",
+            },
+        }))
+        .expect("secret");
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+        secrets.create(&PostParams::default(), &secret).await.expect("create secret");
+        let bsl: ferry_api::BackupStorageLocation = serde_json::from_value(json!({
+            "apiVersion": "velero.io/v1", "kind": "BackupStorageLocation",
+            "metadata": { "name": BSL, "namespace": namespace },
+            "spec": {
+                "provider": "aws",
+                "objectStorage": { "bucket": bucket, "prefix": PREFIX },
+                "config": { "region": "us-east-1", "s3Url": s3.endpoint() },
+            },
+        }))
+        .expect("bsl");
+        let bsls: Api<ferry_api::BackupStorageLocation> =
+            Api::namespaced(client.clone(), &namespace);
+        bsls.create(&PostParams::default(), &bsl).await.expect("create bsl");
+        Self { client, namespace, bucket }
+    }
+
+    fn source(&self) -> BslRepositories {
+        BslRepositories::new(self.client.clone(), &self.namespace, fast())
+    }
+
+    async fn store(&self, prefix: &str) -> Arc<dyn ObjectStore> {
+        let config = S3Config {
+            bucket: self.bucket.clone(),
+            prefix: prefix.into(),
+            options: S3Options {
+                endpoint: Some(S3Server::shared().endpoint().into()),
+                region: Some("us-east-1".into()),
+                force_path_style: true,
+                credentials: Some(StaticCredentials {
+                    access_key_id: "t".into(),
+                    secret_access_key: "s".into(),
+                    session_token: None,
+                }),
+                ..S3Options::default()
+            },
+        };
+        Arc::new(S3Store::new(config).await.expect("store"))
+    }
+
+    async fn keys(&self) -> Vec<String> {
+        let cancel = CancellationToken::new();
+        let listed = self.store("").await.list("", &cancel).await.expect("list");
+        listed.into_iter().map(|m| m.key.as_str().to_owned()).collect()
+    }
+
+    async fn put_secret(&self, name: &str, password: &[u8]) {
+        let secret: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": name, "namespace": self.namespace },
+            "stringData": { PASSWORD_KEY: String::from_utf8_lossy(password) },
+        }))
+        .expect("secret");
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        secrets.create(&PostParams::default(), &secret).await.expect("create secret");
+    }
+
+    async fn secret(&self, name: &str) -> Option<Vec<u8>> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let secret = secrets.get_opt(name).await.expect("get secret")?;
+        Some(secret.data.expect("data")[PASSWORD_KEY].0.clone())
+    }
+}
+
+#[tokio::test]
+async fn a_repository_lands_under_plugins_ferry_and_nothing_else_at_the_top() {
+    let world = World::new("mover-layout").await;
+    let cancel = CancellationToken::new();
+    let opened = world.source().open(BSL, SOURCE_NS, &cancel).await.expect("open");
+    assert_eq!(opened.location, format!("s3://{}/velero/plugins/ferry/app", world.bucket));
+    let keys = world.keys().await;
+    assert!(keys.iter().any(|k| k == "velero/plugins/ferry/app/config"), "{keys:?}");
+    let top: std::collections::BTreeSet<_> =
+        keys.iter().map(|k| k.split('/').take(2).collect::<Vec<_>>().join("/")).collect();
+    assert_eq!(top.into_iter().collect::<Vec<_>>(), ["velero/plugins"], "{keys:?}");
+}
+
+#[tokio::test]
+async fn a_repository_at_the_old_place_fails_the_open_naming_repo_move() {
+    let world = World::new("mover-old").await;
+    let cancel = CancellationToken::new();
+    let old = world.store("velero/ferry/app").await;
+    Repository::init(old, b"an-old-ferry-password", &fast(), &cancel).await.expect("old repo");
+
+    let err = world.source().open(BSL, SOURCE_NS, &cancel).await.expect_err("not moved");
+    assert!(matches!(err, MoverError::RepositoryNotMoved { .. }), "{err:?}");
+    let message = err.to_string();
+    let (old_url, new_url) = (
+        format!("s3://{}/velero/ferry/app", world.bucket),
+        format!("s3://{}/velero/plugins/ferry/app", world.bucket),
+    );
+    assert!(
+        message.contains(&format!("ferry repo move --repo {old_url} --to {new_url}")),
+        "{message}"
+    );
+    let keys = world.keys().await;
+    assert!(keys.iter().all(|k| k.starts_with("velero/ferry/app/")), "nothing new: {keys:?}");
+}
+
+#[tokio::test]
+async fn new_repositories_are_keyed_by_ferrys_own_secret_not_veleros_default() {
+    let world = World::new("mover-own").await;
+    let cancel = CancellationToken::new();
+    world.put_secret(VELERO_PASSWORD_SECRET, VELERO_DEFAULT).await;
+    let opened = world.source().open(BSL, SOURCE_NS, &cancel).await.expect("open");
+    assert!(opened.warning.is_none(), "{:?}", opened.warning);
+
+    let own = world.secret(PASSWORD_SECRET).await.expect("Ferry's secret created");
+    assert_eq!(own.len(), 64, "32 bytes, hex");
+    assert!(own.iter().all(u8::is_ascii_hexdigit));
+    let store = world.store("velero/plugins/ferry/app").await;
+    let with_default = Repository::open(Arc::clone(&store), VELERO_DEFAULT, &cancel).await;
+    assert!(matches!(with_default, Err(RepoError::WrongPassword { .. })), "{with_default:?}");
+    Repository::open(store, &own, &cancel).await.expect("Ferry's password opens it");
+    assert_eq!(world.secret(VELERO_PASSWORD_SECRET).await.as_deref(), Some(VELERO_DEFAULT));
+}
+
+#[tokio::test]
+async fn a_repository_keyed_by_veleros_default_opens_and_gets_a_key_for_ferrys_password() {
+    let world = World::new("mover-default").await;
+    let cancel = CancellationToken::new();
+    world.put_secret(VELERO_PASSWORD_SECRET, VELERO_DEFAULT).await;
+    // An earlier version's repository, keyed by Velero's secret.
+    let store = world.store("velero/plugins/ferry/app").await;
+    let (old, _) =
+        Repository::init(Arc::clone(&store), VELERO_DEFAULT, &fast(), &cancel).await.expect("old");
+    let old_key = old.key_id();
+
+    let opened = world.source().open(BSL, SOURCE_NS, &cancel).await.expect("still opens");
+    let warning = opened.warning.expect("a warning");
+    assert!(warning.contains("published default"), "{warning}");
+    assert!(
+        warning.contains(&format!("ferry repo key remove --repo {} {old_key}", opened.location)),
+        "{warning}"
+    );
+    let own = world.secret(PASSWORD_SECRET).await.expect("Ferry's secret");
+    let repo = Repository::open(Arc::clone(&store), &own, &cancel).await.expect("own key added");
+    let keys = repo.key_files(&cancel).await.expect("keys");
+    assert_eq!(keys.len(), 2, "the old key stays until the operator removes it");
+    assert!(keys.iter().any(|k| k.id == old_key));
+
+    // Another agent (no cache) opens it with Ferry's password: no warning, no further key.
+    let again = world.source().open(BSL, SOURCE_NS, &cancel).await.expect("open again");
+    assert!(again.warning.is_none(), "{:?}", again.warning);
+    assert_eq!(repo.key_files(&cancel).await.expect("keys").len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sources_racing_to_create_ferrys_secret_agree() {
+    let world = Arc::new(World::new("mover-race").await);
+    let cancel = CancellationToken::new();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (world, cancel) = (Arc::clone(&world), cancel.clone());
+        tasks.push(tokio::spawn(async move {
+            world.source().open(BSL, SOURCE_NS, &cancel).await.map(|o| o.repo.config().repo_id)
+        }));
+    }
+    let mut ids = Vec::new();
+    for task in tasks {
+        ids.push(task.await.expect("task").expect("every racer opens the same repository"));
+    }
+    assert!(ids.windows(2).all(|w| w[0] == w[1]), "one repository");
+    let own = world.secret(PASSWORD_SECRET).await.expect("secret");
+    let store = world.store("velero/plugins/ferry/app").await;
+    Repository::open(store, &own, &cancel).await.expect("the secret's password opens it");
+}
+
+#[tokio::test]
+async fn the_agent_refuses_to_create_a_repository_with_a_weak_password() {
+    let world = World::new("mover-weak").await;
+    let cancel = CancellationToken::new();
+    world.put_secret(PASSWORD_SECRET, b"short").await;
+    let err = world.source().open(BSL, SOURCE_NS, &cancel).await.expect_err("weak");
+    assert!(err.to_string().contains("at least 16"), "{err}");
+    assert!(world.keys().await.is_empty(), "nothing created");
+}

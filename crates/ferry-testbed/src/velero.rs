@@ -1,0 +1,353 @@
+//! The real Velero: `velero server` and the `velero` CLI of the pinned version, with Velero's
+//! AWS object-store plugin, built from the Go module proxy by `scripts/build-velero.sh` and
+//! cached under `~/.cache/ferry`.
+//!
+//! [`install_crds`] puts Velero's own CRDs of that version (as `velero install --crds-only`
+//! prints them) into a control plane, over the fixtures' copies. [`VeleroServer::start`] runs
+//! `velero server` against it outside any pod, as a child of the test binary, with a plugin
+//! folder of the test's choosing; [`VeleroServer::cli`] runs the `velero` CLI as a user would.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::process::{self, Guarded};
+use crate::{ControlPlane, VELERO_NAMESPACE, paths};
+
+/// The Velero version `scripts/build-velero.sh` builds by default.
+pub const VELERO_VERSION: &str = "v1.18.3";
+
+/// The folder holding `velero`, `velero-plugin-for-aws` and `velero-crds.yaml`:
+/// `$FERRY_VELERO_BIN`, or what `scripts/build-velero.sh` prints (it builds them once).
+///
+/// # Errors
+/// The build script failed, or the folder lacks one of the three files.
+pub fn velero_dir() -> anyhow::Result<PathBuf> {
+    let dir = match std::env::var_os("FERRY_VELERO_BIN") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let script = paths::workspace_root()?.join("scripts/build-velero.sh");
+            let out = Command::new("bash")
+                .arg(&script)
+                .stderr(Stdio::inherit())
+                .output()
+                .with_context(|| format!("running {}", script.display()))?;
+            if !out.status.success() {
+                bail!("{} failed ({}): Velero could not be built", script.display(), out.status);
+            }
+            PathBuf::from(String::from_utf8(out.stdout).context("non-UTF-8 path")?.trim())
+        }
+    };
+    for file in ["velero", "velero-plugin-for-aws", "velero-crds.yaml"] {
+        if !dir.join(file).is_file() {
+            bail!("{} has no {file}: run scripts/build-velero.sh", dir.display());
+        }
+    }
+    Ok(dir)
+}
+
+/// Applies Velero's CRDs of the pinned version to `cp` (server-side, taking over the fixtures'
+/// copies) and waits until every one is Established.
+///
+/// # Errors
+/// Velero is not built, or kubectl failed.
+pub fn install_crds(cp: &ControlPlane) -> anyhow::Result<()> {
+    let crds = velero_dir()?.join("velero-crds.yaml");
+    let kubectl = paths::kubectl()?;
+    let run = |args: &[&str]| -> anyhow::Result<()> {
+        let out = Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig())
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .context("running kubectl")?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    };
+    let file = crds.to_string_lossy();
+    run(&["apply", "--server-side", "--force-conflicts", "--field-manager=velero", "-f", &file])?;
+    run(&["wait", "--for=condition=Established", "--timeout=60s", "-f", &file])
+}
+
+/// The `velero` Deployment as `velero install` makes it, with no replicas: the server runs as
+/// a child process here, but looks its own Deployment up (for its image, when it restores).
+fn deployment_yaml() -> String {
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: velero
+  namespace: {VELERO_NAMESPACE}
+  labels: {{component: velero}}
+spec:
+  replicas: 0
+  selector:
+    matchLabels: {{deploy: velero}}
+  template:
+    metadata:
+      labels: {{component: velero, deploy: velero}}
+    spec:
+      containers:
+      - name: velero
+        image: velero/velero:{VELERO_VERSION}
+        command: [/velero]
+        args: [server, --features=EnableCSI]
+"#
+    )
+}
+
+fn apply(cp: &ControlPlane, yaml: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut child = Command::new(paths::kubectl()?)
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig())
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running kubectl")?;
+    child.stdin.take().context("kubectl stdin")?.write_all(yaml.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+/// A running `velero server` and what it needs: its plugin folder, a temp folder (for the
+/// credential files Velero writes), a log file and a HOME for the CLI. Stopped on drop.
+#[derive(Debug)]
+pub struct VeleroServer {
+    // Field order is drop order: the server stops before its files go.
+    server: Guarded,
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+/// How to start a server.
+#[derive(Debug, Clone)]
+pub struct VeleroOptions {
+    /// Plugin executables to put in the plugin folder, as (file name, path). The AWS
+    /// object-store plugin is always there.
+    pub plugins: Vec<(String, PathBuf)>,
+    /// How often Velero validates every BackupStorageLocation (its default is 1 minute).
+    pub store_validation: Duration,
+    /// How often Velero polls asynchronous item operations (its default is 10 s).
+    pub item_operation_sync: Duration,
+    /// Further `velero server` arguments.
+    pub extra_args: Vec<String>,
+}
+
+impl Default for VeleroOptions {
+    fn default() -> Self {
+        Self {
+            plugins: Vec::new(),
+            store_validation: Duration::from_secs(5),
+            item_operation_sync: Duration::from_secs(2),
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+impl VeleroServer {
+    /// Starts `velero server` in namespace `velero` of `cp` and waits until it has started
+    /// its controllers (its log says so).
+    ///
+    /// # Errors
+    /// Velero is not built, cannot start, or exits or stays silent for 120 s; the error
+    /// carries the server's log tail.
+    pub fn start(cp: &ControlPlane, options: &VeleroOptions) -> anyhow::Result<Self> {
+        let velero = velero_dir()?;
+        apply(cp, &deployment_yaml()).context("creating the velero Deployment object")?;
+        let dir = tempfile::Builder::new().prefix("ferry-velero-").tempdir()?;
+        let plugins = dir.path().join("plugins");
+        let tmp = dir.path().join("tmp");
+        let home = dir.path().join("home");
+        for d in [&plugins, &tmp, &home] {
+            std::fs::create_dir_all(d)?;
+        }
+        std::fs::copy(velero.join("velero-plugin-for-aws"), plugins.join("velero-plugin-for-aws"))?;
+        for (name, path) in &options.plugins {
+            std::fs::copy(path, plugins.join(name))
+                .with_context(|| format!("copying plugin {}", path.display()))?;
+        }
+        let log = dir.path().join("velero-server.log");
+        let mut cmd = Command::new(velero.join("velero"));
+        cmd.arg("server")
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig())
+            .args(["--namespace", VELERO_NAMESPACE])
+            .arg("--plugin-dir")
+            .arg(&plugins)
+            .arg(format!("--metrics-address=127.0.0.1:{}", process::free_port()?))
+            .arg(format!("--profiler-address=127.0.0.1:{}", process::free_port()?))
+            .arg(format!("--store-validation-frequency={}s", options.store_validation.as_secs()))
+            .arg(format!(
+                "--item-operation-sync-frequency={}s",
+                options.item_operation_sync.as_secs().max(1)
+            ))
+            // Velero v1.18 skips its CSI actions without this feature flag (`velero install
+            // --features=EnableCSI`): no VolumeSnapshot, no DataUpload.
+            .arg("--features=EnableCSI")
+            .args(["--log-level", "debug", "--log-format", "text"])
+            .args(&options.extra_args)
+            // Velero writes BSL credentials under $TMPDIR/credentials.
+            .env("TMPDIR", &tmp)
+            .env("HOME", &home)
+            // Plugins inherit the server's environment, as in Velero's pod.
+            .env("KUBECONFIG", cp.kubeconfig())
+            .env("VELERO_NAMESPACE", VELERO_NAMESPACE)
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log)?)
+            .stderr(std::fs::OpenOptions::new().append(true).open(&log)?);
+        let server = process::spawn("velero server", cmd)?;
+        process::remove_on_exit(dir.path())?;
+        let mut started = Self {
+            server,
+            bin: velero.join("velero"),
+            kubeconfig: cp.kubeconfig().to_owned(),
+            dir,
+        };
+        started.wait_started()?;
+        Ok(started)
+    }
+
+    fn wait_started(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if !self.server.is_running() {
+                bail!("velero server exited during start-up:\n{}", self.log_tail(60));
+            }
+            if self.log().contains("Server starting") {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("velero server did not start within 120 s:\n{}", self.log_tail(60));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Whether the server process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.server.is_running()
+    }
+
+    /// Kills the server now (SIGKILL, as a lost pod).
+    pub fn kill(&mut self) {
+        self.server.stop();
+    }
+
+    /// The server's whole log.
+    #[must_use]
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The server log's file.
+    #[must_use]
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("velero-server.log")
+    }
+
+    /// The last `lines` lines of the server's log.
+    #[must_use]
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
+    /// Runs the `velero` CLI with `args` against this server's cluster and namespace, as a
+    /// user would, and returns its output whatever its exit status. Bounded by `timeout`.
+    ///
+    /// # Errors
+    /// The CLI could not be started or outlived `timeout` (it is then killed).
+    pub fn cli_output(&self, args: &[&str], timeout: Duration) -> anyhow::Result<Output> {
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(args)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--namespace", VELERO_NAMESPACE])
+            .env("HOME", self.dir.path().join("home"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = cmd.spawn().with_context(|| format!("starting velero {}", args.join(" ")))?;
+        wait_output(child, timeout).with_context(|| format!("velero {}", args.join(" ")))
+    }
+
+    /// As [`VeleroServer::cli_output`], failing unless the CLI exits 0; returns its stdout.
+    ///
+    /// # Errors
+    /// The CLI failed; the error carries its output and the server's log tail.
+    pub fn cli(&self, args: &[&str], timeout: Duration) -> anyhow::Result<String> {
+        let out = self.cli_output(args, timeout)?;
+        if !out.status.success() {
+            bail!(
+                "velero {} failed ({}):\n{}{}\n--- velero server log (tail)\n{}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                self.log_tail(40)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The folder Velero's plugins are run from.
+    #[must_use]
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.dir.path().join("plugins")
+    }
+
+    /// The server's working folder.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+fn wait_output(mut child: std::process::Child, timeout: Duration) -> anyhow::Result<Output> {
+    use std::io::Read as _;
+    let mut stdout = child.stdout.take().context("stdout piped")?;
+    let mut stderr = child.stderr.take().context("stderr piped")?;
+    let out_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stdout.read_to_end(&mut buf);
+        buf
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stderr.read_to_end(&mut buf);
+        buf
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("did not finish within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stdout = out_reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
+    Ok(Output { status, stdout, stderr })
+}
