@@ -7,6 +7,7 @@
 //! `velero server` against it outside any pod, as a child of the test binary, with a plugin
 //! folder of the test's choosing; [`VeleroServer::cli`] runs the `velero` CLI as a user would.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -177,10 +178,9 @@ impl VeleroServer {
         for d in [&plugins, &tmp, &home] {
             std::fs::create_dir_all(d)?;
         }
-        std::fs::copy(velero.join("velero-plugin-for-aws"), plugins.join("velero-plugin-for-aws"))?;
-        for (name, path) in &options.plugins {
-            std::fs::copy(path, plugins.join(name))
-                .with_context(|| format!("copying plugin {}", path.display()))?;
+        let aws = ("velero-plugin-for-aws".to_owned(), velero.join("velero-plugin-for-aws"));
+        for (name, path) in std::iter::once(&aws).chain(&options.plugins) {
+            install_plugin(dir.path(), name, path)?;
         }
         let log = dir.path().join("velero-server.log");
         let mut cmd = Command::new(velero.join("velero"));
@@ -212,6 +212,9 @@ impl VeleroServer {
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log)?)
             .stderr(std::fs::OpenOptions::new().append(true).open(&log)?);
+        // Its own process group, so that stopping it also stops the plugin processes it
+        // started (go-plugin does not take them down when the server is killed).
+        cmd.process_group(0);
         let server = process::spawn("velero server", cmd)?;
         process::remove_on_exit(dir.path())?;
         let mut started = Self {
@@ -245,8 +248,16 @@ impl VeleroServer {
         self.server.is_running()
     }
 
-    /// Kills the server now (SIGKILL, as a lost pod).
+    /// Kills the server and its plugin processes now (SIGKILL, as a lost pod).
     pub fn kill(&mut self) {
+        let pid = self.server.pid();
+        if pid != 0 && self.server.is_running() {
+            // The group is the server's own (`process_group(0)`): its pid is the group id.
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX)),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
         self.server.stop();
     }
 
@@ -319,6 +330,41 @@ impl VeleroServer {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+}
+
+impl Drop for VeleroServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Puts plugin `name` (the executable at `path`) into the plugin folder under `dir`: a copy
+/// under `dir/plugin-bin/`, started through `setpriv --pdeathsig KILL` by a script in
+/// `dir/plugins/`, so a plugin process dies with the server that started it however the
+/// server ends. The copy keeps the plugin's name (Ferry's binary serves plugins when its name
+/// starts with `velero-plugin`).
+fn install_plugin(dir: &Path, name: &str, path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let bin = dir.join("plugin-bin");
+    std::fs::create_dir_all(&bin)?;
+    let real = bin.join(name);
+    std::fs::copy(path, &real).with_context(|| format!("copying plugin {}", path.display()))?;
+    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+        .context("setpriv (util-linux) is needed to tie Velero's plugins to the server")?;
+    let script = dir.join("plugins").join(name);
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexec {} --pdeathsig KILL -- '{}' \"$@\"\n",
+            setpriv.display(),
+            real.display()
+        ),
+    )?;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
 }
 
 fn wait_output(mut child: std::process::Child, timeout: Duration) -> anyhow::Result<Output> {
