@@ -4,10 +4,10 @@ CARGO ?= cargo
 export GOTOOLCHAIN := local
 export CGO_ENABLED := 0
 
-.PHONY: test demo fmt-check clippy control-plane build fuzz
+.PHONY: test demo fmt-check clippy control-plane realnode build fuzz
 
 ## make test: formatting check, clippy with warnings as errors, every test, a short fuzz run.
-test: fmt-check clippy control-plane
+test: fmt-check clippy control-plane realnode
 	$(CARGO) test --workspace --locked --all-targets --no-fail-fast
 	scripts/check-leaks.sh
 	scripts/fuzz.sh 8
@@ -29,6 +29,11 @@ control-plane:
 
 build:
 	$(CARGO) build --workspace --locked --release
+
+## Builds (once, then cached under ~/.cache/ferry/realnode) a real node's parts: kubelet,
+## containerd, runc, CNI plugins, the CSI hostpath driver and sidecars, the controllers.
+realnode: control-plane
+	scripts/build-realnode.sh >/dev/null
 
 ## make demo: sets everything up, then runs Ferry end to end with visible progress.
 demo: control-plane

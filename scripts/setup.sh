@@ -27,4 +27,6 @@ log "building the test control plane (cached after the first run)"
 scripts/build-control-plane.sh >/dev/null
 log "building Velero and its AWS plugin for the real-Velero tests (cached after the first run)"
 scripts/build-velero.sh >/dev/null
+log "building the real node's components for the real-cluster tests (cached after the first run)"
+scripts/build-realnode.sh >/dev/null
 log "ready"

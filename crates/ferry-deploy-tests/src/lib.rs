@@ -55,16 +55,7 @@ pub fn kubectl_output(
 /// # Errors
 /// The script failed.
 pub fn helm() -> anyhow::Result<PathBuf> {
-    let script = deploy_dir()?.join("build-helm.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!("{} failed ({})", script.display(), out.status);
-    }
-    Ok(PathBuf::from(String::from_utf8(out.stdout).context("non-UTF-8 path")?.trim()))
+    ferry_testbed::paths::helm()
 }
 
 /// `helm template ferry deploy/helm/ferry` with `args` (such as `--values FILE`) for the

@@ -153,6 +153,9 @@ pub(crate) struct HolderSpec<'a> {
     pub storage_class: &'a str,
 }
 
+/// The holding pods' termination grace period, in seconds (see [`holder_pod`]).
+pub(crate) const HOLDER_GRACE_SECONDS: i64 = 5;
+
 /// A pod that only holds the volume so the kubelet attaches and mounts it on its node.
 pub(crate) fn holder_pod(config: &ExposerConfig, h: &HolderSpec<'_>) -> Result<Pod, ExposeError> {
     let mut container = json!({
@@ -177,7 +180,13 @@ pub(crate) fn holder_pod(config: &ExposerConfig, h: &HolderSpec<'_>) -> Result<P
             "persistentVolumeClaim": { "claimName": h.claim, "readOnly": h.read_only },
         }],
         "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": 0,
+        // Not 0: a pod whose grace period is 0 leaves the API at once, before the kubelet
+        // has unmounted its volume; the PVC and its volume then go too, the CSI driver deletes
+        // the volume under the kubelet, and NodeUnpublish fails for good (the mount, and for
+        // block volumes the loop devices, stay on the node). With a grace period the kubelet
+        // confirms the deletion after unmounting, and the PVC waits for that (PVC protection).
+        // `ferry hold` ends at once on SIGTERM.
+        "terminationGracePeriodSeconds": HOLDER_GRACE_SECONDS,
         "automountServiceAccountToken": false,
         "tolerations": [{ "operator": "Exists" }],
     });

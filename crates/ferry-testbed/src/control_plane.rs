@@ -20,11 +20,24 @@ const TOKEN: &str = "ferry-testbed-admin-token";
 const START_ATTEMPTS: usize = 3;
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// How a control plane is started.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// For clusters with real nodes: ServiceAccount admission on (pods get a token volume), and
+    /// a serving certificate from a CA of the test bed's own ([`ControlPlane::ca_file`]) naming
+    /// the `kubernetes` Service's address [`SERVICE_IP`], so pods verify the API server.
+    pub for_nodes: bool,
+}
+
+/// The `kubernetes` Service's ClusterIP: the first address of the service range.
+pub const SERVICE_IP: &str = "10.0.0.1";
+
 /// A running etcd + kube-apiserver with Velero's and the CSI snapshotter's CRDs installed and
 /// the `velero` namespace created. Dropping it stops both and removes their files.
 #[derive(Debug)]
 pub struct ControlPlane {
     url: String,
+    port: u16,
     kubeconfig: PathBuf,
     // Field order is drop order: the API server stops before etcd, then files go.
     apiserver: Guarded,
@@ -39,10 +52,18 @@ impl ControlPlane {
     /// Binaries missing and not buildable, ports taken on every attempt, readiness timeout,
     /// CRD installation failure. The error names the step and includes the server's log tail.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(Options::default()).await
+    }
+
+    /// Starts a fresh control plane with `options`.
+    ///
+    /// # Errors
+    /// As [`ControlPlane::start`].
+    pub async fn start_with(options: Options) -> anyhow::Result<Self> {
         let bin = paths::control_plane_bin()?;
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
-            match Self::start_once(&bin).await {
+            match Self::start_once(&bin, options).await {
                 Ok(cp) => {
                     crds::install_all(&cp.client()?).await?;
                     cp.create_namespace(VELERO_NAMESPACE).await?;
@@ -82,12 +103,15 @@ impl ControlPlane {
         }
     }
 
-    async fn start_once(bin: &Path) -> anyhow::Result<Self> {
+    async fn start_once(bin: &Path, options: Options) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("ferry-testbed-").tempdir()?;
         let root = dir.path();
         let etcd_port = process::free_port()?;
         let api_port = process::free_port()?;
         write_credentials(root)?;
+        if options.for_nodes {
+            write_serving_certificate(root)?;
+        }
 
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let mut etcd = Command::new(bin.join("etcd"));
@@ -111,16 +135,23 @@ impl ControlPlane {
             .arg(format!("--service-account-key-file={}", root.join("sa.pub").display()))
             .arg(format!("--service-account-signing-key-file={}", root.join("sa.key").display()))
             .arg(format!("--token-auth-file={}", root.join("tokens.csv").display()))
-            .args(["--authorization-mode=RBAC", "--disable-admission-plugins=ServiceAccount"])
+            .arg("--authorization-mode=RBAC")
             .args(["--allow-privileged=true", "--v=0"])
             .stdin(Stdio::null())
             .stdout(log_file(root, "kube-apiserver.log")?)
             .stderr(log_file(root, "kube-apiserver.log")?);
+        if options.for_nodes {
+            api.arg(format!("--tls-cert-file={}", root.join("apiserver.crt").display()))
+                .arg(format!("--tls-private-key-file={}", root.join("apiserver.key").display()));
+        } else {
+            // Simulated nodes run no kubelet to mount service-account tokens.
+            api.arg("--disable-admission-plugins=ServiceAccount");
+        }
         let apiserver = process::spawn("kube-apiserver", api)?;
 
         let kubeconfig = root.join("kubeconfig");
         std::fs::write(&kubeconfig, kubeconfig_yaml(&url))?;
-        let mut cp = Self { url, kubeconfig, apiserver, etcd, dir };
+        let mut cp = Self { url, port: api_port, kubeconfig, apiserver, etcd, dir };
         cp.wait_ready().await?;
         Ok(cp)
     }
@@ -201,6 +232,24 @@ impl ControlPlane {
         &self.url
     }
 
+    /// The API server's port on 127.0.0.1.
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The CA that signed the serving certificate (only for [`Options::for_nodes`]).
+    #[must_use]
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    /// The admin bearer token of the kubeconfig.
+    #[must_use]
+    pub fn admin_token(&self) -> &'static str {
+        TOKEN
+    }
+
     /// Creates a namespace named `prefix-<random>` and returns its name, so tests sharing one
     /// control plane never collide.
     ///
@@ -270,6 +319,91 @@ fn write_credentials(root: &Path) -> anyhow::Result<()> {
         bail!("openssl ec -pubout failed");
     }
     Ok(())
+}
+
+fn openssl(args: &[&str], root: &Path) -> anyhow::Result<()> {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .output()
+        .context("running openssl")?;
+    if !out.status.success() {
+        bail!("openssl {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// A CA (`ca.crt`) and the API server's certificate signed by it (`apiserver.crt`/`.key`) for
+/// every name and address clients use: loopback for the tests, the `kubernetes` Service for pods.
+fn write_serving_certificate(root: &Path) -> anyhow::Result<()> {
+    openssl(&["ecparam", "-genkey", "-name", "prime256v1", "-noout", "-out", "ca.key"], root)?;
+    openssl(
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-subj",
+            "/CN=ferry-testbed-ca",
+            "-days",
+            "2",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+            "-out",
+            "ca.crt",
+        ],
+        root,
+    )?;
+    openssl(
+        &["ecparam", "-genkey", "-name", "prime256v1", "-noout", "-out", "apiserver.key"],
+        root,
+    )?;
+    openssl(
+        &[
+            "req",
+            "-new",
+            "-key",
+            "apiserver.key",
+            "-subj",
+            "/CN=kube-apiserver",
+            "-out",
+            "apiserver.csr",
+        ],
+        root,
+    )?;
+    std::fs::write(
+        root.join("apiserver.ext"),
+        format!(
+            "subjectAltName=IP:127.0.0.1,IP:{SERVICE_IP},DNS:localhost,DNS:kubernetes,\
+             DNS:kubernetes.default,DNS:kubernetes.default.svc,\
+             DNS:kubernetes.default.svc.cluster.local\n\
+             extendedKeyUsage=serverAuth\n"
+        ),
+    )?;
+    openssl(
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "apiserver.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "apiserver.ext",
+            "-out",
+            "apiserver.crt",
+        ],
+        root,
+    )
 }
 
 fn kubeconfig_yaml(url: &str) -> String {

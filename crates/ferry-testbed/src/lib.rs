@@ -7,17 +7,26 @@
 //! - [`S3Server`]: moto's S3 server (or MinIO, for benchmarks) on a free port.
 //! - [`velero::VeleroServer`]: the real `velero server` and CLI of the pinned version with
 //!   Velero's AWS plugin, built by `scripts/build-velero.sh` (cached), and Velero's own CRDs.
+//! - [`realnode::RealCluster`]: that control plane with a real node: kubelet, containerd and
+//!   runc, the CSI hostpath driver and its sidecars, in namespaces of its own; Ferry's image
+//!   ([`image`]) and chart installed on it.
 //!
 //! Every process is started through [`process::spawn`], so it dies with the test binary even
 //! when a test panics or the binary is killed.
 
+pub mod apply;
 mod control_plane;
 pub mod crds;
 pub mod goplugin_host;
+pub mod image;
 mod moto;
+pub mod netns;
 pub mod paths;
 pub mod process;
+pub mod realnode;
 pub mod velero;
 
-pub use control_plane::{ControlPlane, VELERO_NAMESPACE, install_crypto_provider};
+pub use control_plane::{
+    ControlPlane, Options, SERVICE_IP, VELERO_NAMESPACE, install_crypto_provider,
+};
 pub use moto::S3Server;

@@ -71,3 +71,55 @@ pub fn kubectl() -> anyhow::Result<PathBuf> {
     }
     Ok(path)
 }
+
+/// The folder with the real node's binaries (kubelet, containerd, runc, CNI plugins, the CSI
+/// hostpath driver and sidecars, the controllers): `$FERRY_REALNODE_BIN`, or what
+/// `scripts/build-realnode.sh` prints (it builds them once and caches them under
+/// `~/.cache/ferry/realnode`).
+///
+/// # Errors
+/// The build script failed.
+pub fn realnode_bin() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("FERRY_REALNODE_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let script = workspace_root()?.join("scripts/build-realnode.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed ({})", script.display(), out.status);
+    }
+    let dir = String::from_utf8(out.stdout).context("build script printed non-UTF-8")?;
+    Ok(PathBuf::from(dir.trim()))
+}
+
+/// The folder with the real node's OCI image archives (`pause.tar`, `busybox.tar`), beside
+/// [`realnode_bin`]'s.
+///
+/// # Errors
+/// As [`realnode_bin`].
+pub fn realnode_images() -> anyhow::Result<PathBuf> {
+    let bin = realnode_bin()?;
+    Ok(bin.parent().map_or_else(|| bin.join("images"), |p| p.join("images")))
+}
+
+/// The pinned `helm`, built and cached by `deploy/build-helm.sh`.
+///
+/// # Errors
+/// The build script failed.
+pub fn helm() -> anyhow::Result<PathBuf> {
+    let script = workspace_root()?.join("deploy/build-helm.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .current_dir(workspace_root()?)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed ({})", script.display(), out.status);
+    }
+    Ok(PathBuf::from(String::from_utf8(out.stdout).context("non-UTF-8 path")?.trim()))
+}

@@ -82,7 +82,20 @@ impl Drop for Guarded {
 ///
 /// # Errors
 /// The spawn failed (binary missing, not executable...).
-pub fn spawn(name: &str, mut command: Command) -> anyhow::Result<Guarded> {
+pub fn spawn(name: &str, command: Command) -> anyhow::Result<Guarded> {
+    spawn_then(name, command, |_| Ok(()))
+}
+
+/// Like [`spawn`], with `then` adding more `pre_exec` hooks that run after the child asked
+/// to die with the test binary (a hook that forks, as [`crate::netns`]'s does, relies on it).
+///
+/// # Errors
+/// `then` failed, or the spawn failed.
+pub fn spawn_then(
+    name: &str,
+    mut command: Command,
+    then: impl FnOnce(&mut Command) -> anyhow::Result<()>,
+) -> anyhow::Result<Guarded> {
     let parent = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and only calls prctl and
     // getppid, both async-signal-safe; it touches no memory shared with the parent.
@@ -98,6 +111,7 @@ pub fn spawn(name: &str, mut command: Command) -> anyhow::Result<Guarded> {
             Ok(())
         });
     }
+    then(&mut command)?;
     let (tx, rx) = mpsc::channel();
     spawner()
         .lock()

@@ -80,3 +80,107 @@ fn services_vanish_on_clean_stop() {
     assert!(status.success());
     wait_gone(&up);
 }
+
+/// The loop devices attached now.
+fn loop_devices() -> std::collections::BTreeSet<String> {
+    std::fs::read_dir("/sys/block")
+        .expect("/sys/block")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            n.starts_with("loop") && std::path::Path::new(&format!("/sys/block/{n}/loop")).exists()
+        })
+        .collect()
+}
+
+/// A real node SIGKILLed with a block volume mapped into a pod (the CSI driver's loop device
+/// and the kubelet's reference to it) leaves no process, folder, cgroup or loop device.
+#[test]
+fn a_real_node_vanishes_on_sigkill() {
+    let before = loop_devices();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferry-testbed"))
+        .arg("node")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start ferry-testbed node");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read");
+    let info: serde_json::Value = serde_json::from_str(&line)
+        .unwrap_or_else(|e| panic!("one JSON line from ferry-testbed node ({e}): {line:?}"));
+    let pids: Vec<u32> = info["pids"]
+        .as_array()
+        .expect("pids")
+        .iter()
+        .map(|p| u32::try_from(p.as_u64().expect("pid")).expect("pid fits"))
+        .collect();
+    let dir = PathBuf::from(info["dir"].as_str().expect("dir"));
+    let cgroup = info["cgroup"].as_str().expect("cgroup").to_owned();
+    let kubeconfig = PathBuf::from(info["kubeconfig"].as_str().expect("kubeconfig"));
+    let manifest = r#"
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: disk, namespace: default}
+spec: {accessModes: [ReadWriteOnce], volumeMode: Block, resources: {requests: {storage: 8Mi}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: user, namespace: default}
+spec:
+  containers:
+  - {name: user, image: "ferry.local/busybox:1", imagePullPolicy: Never, command: [sleep, "3600"],
+     volumeDevices: [{name: d, devicePath: /dev/volume}]}
+  volumes: [{name: d, persistentVolumeClaim: {claimName: disk}}]
+"#;
+    let kubectl = ferry_testbed::paths::kubectl().expect("kubectl");
+    let mut apply = Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("kubectl apply");
+    apply.stdin.take().expect("stdin").write_all(manifest.as_bytes()).expect("write");
+    assert!(apply.wait().expect("kubectl").success());
+    let status = Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["wait", "--for=condition=Ready", "pod/user", "-n", "default", "--timeout=120s"])
+        .status()
+        .expect("kubectl wait");
+    assert!(status.success(), "the pod with the block volume runs");
+    let mapped = loop_devices();
+    assert!(
+        mapped.len() >= before.len() + 2,
+        "the driver's device and the kubelet's reference: {mapped:?}"
+    );
+
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let cgroups = || -> Vec<PathBuf> {
+        std::fs::read_dir("/sys/fs/cgroup")
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .map(|e| e.path().join(&cgroup))
+                    .filter(|p| p.exists())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    loop {
+        let alive: Vec<_> = pids.iter().filter(|p| alive(**p)).collect();
+        let loops: Vec<_> = loop_devices().difference(&before).cloned().collect();
+        let left = cgroups();
+        if alive.is_empty() && loops.is_empty() && left.is_empty() && !dir.exists() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind: pids {alive:?}, loop devices {loops:?}, cgroups {left:?}, dir exists: {}",
+            dir.exists()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -4,13 +4,17 @@
 //! JSON line describing them (kubeconfig, API server URL, S3 endpoint, PIDs, temp dir) and
 //! keeps them running until its standard input closes or it receives SIGINT/SIGTERM. Killed
 //! any other way, its services still die with it and its files are removed.
+//!
+//! `ferry-testbed node` does the same with a real one-node cluster (kubelet, containerd, the CSI
+//! hostpath driver; see `ferry_testbed::realnode`) and prints its kubeconfig and folder.
 
 use std::io::Read;
 
+use ferry_testbed::realnode::RealCluster;
 use ferry_testbed::{ControlPlane, S3Server};
 
 fn usage() -> ! {
-    eprintln!("usage: ferry-testbed up [--s3]");
+    eprintln!("usage: ferry-testbed up [--s3] | ferry-testbed node");
     std::process::exit(2);
 }
 
@@ -18,6 +22,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("up") => {}
+        Some("node") if args.len() == 1 => return node(),
         _ => usage(),
     }
     let with_s3 = match args.get(1).map(String::as_str) {
@@ -37,20 +42,40 @@ fn main() -> anyhow::Result<()> {
         "s3_endpoint": s3.as_ref().map(S3Server::endpoint),
     });
     println!("{info}");
-    rt.block_on(async {
-        let stdin_closed = tokio::task::spawn_blocking(|| {
-            let mut sink = Vec::new();
-            let _ = std::io::stdin().read_to_end(&mut sink);
-        });
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = stdin_closed => {}
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        anyhow::Ok(())
-    })?;
+    rt.block_on(until_stopped())?;
     drop(s3);
     drop(cp);
+    Ok(())
+}
+
+fn node() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    let cluster = rt.block_on(RealCluster::start())?;
+    let info = serde_json::json!({
+        "kubeconfig": cluster.kubeconfig(),
+        "url": cluster.control_plane().url(),
+        "dir": cluster.dir(),
+        "node_root": cluster.node_path(std::path::Path::new("/")),
+        "pids": cluster.pids(),
+        "cgroup": cluster.cgroup(),
+    });
+    println!("{info}");
+    rt.block_on(until_stopped())?;
+    drop(cluster);
+    Ok(())
+}
+
+/// Returns when standard input closes or SIGINT/SIGTERM arrives.
+async fn until_stopped() -> anyhow::Result<()> {
+    let stdin_closed = tokio::task::spawn_blocking(|| {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+    });
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = stdin_closed => {}
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
     Ok(())
 }

@@ -17,6 +17,8 @@ use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use crate::velero_crs::{self, Classes, Mover};
+
 pub type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// The bound on every wait in these tests: generous, since the machine may be loaded.
@@ -57,6 +59,10 @@ fn suffix() -> String {
 }
 
 impl World {
+    fn mover(&self) -> Mover<'_> {
+        Mover { datamover: &self.mover, bsl: &self.bsl }
+    }
+
     /// Starts everything with one agent per simulated node.
     pub async fn start(prefix: &str) -> Result<Self, Box<dyn std::error::Error>> {
         Self::start_with(prefix, Setup::default()).await
@@ -234,37 +240,20 @@ impl World {
     ) -> Result<DataUpload, Box<dyn std::error::Error>> {
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &self.ns);
         let source = pvcs.get(pvc).await?;
-        let pvc_uid = source.uid().unwrap_or_default();
         let backup_uid = format!("{}-0000-4000-8000-000000000001", suffix());
-        let du: DataUpload = serde_json::from_value(json!({
-            "apiVersion": "velero.io/v2alpha1",
-            "kind": "DataUpload",
-            "metadata": {
-                "generateName": format!("{backup}-"),
-                "namespace": VELERO_NAMESPACE,
-                "labels": {
-                    "velero.io/backup-name": backup,
-                    "velero.io/backup-uid": backup_uid,
-                    "velero.io/pvc-uid": pvc_uid,
-                    "velero.io/async-operation-id":
-                        ferry_api::naming::valid_label_value(&format!("du-{backup_uid}.{pvc_uid}")),
-                },
-            },
-            "spec": {
-                "snapshotType": "CSI",
-                "csiSnapshot": {
-                    "volumeSnapshot": snapshot,
-                    "storageClass": self.sim().storage_class(Binding::Immediate),
-                    "snapshotClass": self.sim().snapshot_class(),
-                    "driver": self.sim().driver(),
-                },
-                "sourcePVC": pvc,
-                "datamover": self.mover,
-                "backupStorageLocation": self.bsl,
-                "sourceNamespace": self.ns,
-                "operationTimeout": "10m0s",
-            },
-        }))?;
+        let classes = Classes {
+            storage_class: self.sim().storage_class(Binding::Immediate),
+            snapshot_class: self.sim().snapshot_class(),
+            driver: self.sim().driver(),
+        };
+        let du = velero_crs::data_upload(
+            &self.mover(),
+            &classes,
+            backup,
+            &backup_uid,
+            &source,
+            snapshot,
+        )?;
         let api: Api<DataUpload> = Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
         Ok(api.create(&PostParams::default(), &du).await?)
     }
@@ -308,19 +297,8 @@ impl World {
         binding: Binding,
     ) -> Result<PersistentVolumeClaim, Box<dyn std::error::Error>> {
         let selector = format!("{target_ns}.{target}.{}", &suffix()[..6]);
-        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": { "name": target, "namespace": target_ns },
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": self.sim().storage_class(binding),
-                "volumeMode": mode,
-                "resources": { "requests": { "storage": size } },
-                "selector": { "matchLabels": {
-                    "velero.io/dynamic-pv-restore": ferry_api::naming::valid_label_value(&selector),
-                } },
-            },
-        }))?;
+        let class = self.sim().storage_class(binding);
+        let pvc = velero_crs::target_pvc(target_ns, target, size, mode, class, &selector)?;
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), target_ns);
         Ok(pvcs.create(&PostParams::default(), &pvc).await?)
     }
@@ -336,33 +314,8 @@ impl World {
     ) -> Result<DataDownload, Box<dyn std::error::Error>> {
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), target_ns);
         let pvc = pvcs.get(target).await?;
-        let status = from.status.clone().unwrap_or_default();
         let restore_uid = format!("{}-0000-4000-8000-000000000002", suffix());
-        let pvc_uid = pvc.uid().unwrap_or_default();
-        let dd: DataDownload = serde_json::from_value(json!({
-            "apiVersion": "velero.io/v2alpha1",
-            "kind": "DataDownload",
-            "metadata": {
-                "generateName": format!("{restore}-"),
-                "namespace": VELERO_NAMESPACE,
-                "labels": {
-                    "velero.io/restore-name": restore,
-                    "velero.io/restore-uid": restore_uid,
-                    "velero.io/async-operation-id":
-                        ferry_api::naming::valid_label_value(&format!("dd-{restore_uid}.{pvc_uid}")),
-                },
-            },
-            "spec": {
-                "targetVolume": { "pvc": target, "pv": "", "namespace": target_ns },
-                "backupStorageLocation": self.bsl,
-                "datamover": self.mover,
-                "snapshotID": status.snapshot_id,
-                "sourceNamespace": from.spec.source_namespace,
-                "operationTimeout": "10m0s",
-                "nodeOS": "linux",
-                "snapshotSize": status.progress.total_bytes,
-            },
-        }))?;
+        let dd = velero_crs::data_download(&self.mover(), restore, &restore_uid, &pvc, from)?;
         let api: Api<DataDownload> = Api::namespaced(self.client.clone(), VELERO_NAMESPACE);
         Ok(api.create(&PostParams::default(), &dd).await?)
     }

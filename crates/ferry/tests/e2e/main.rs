@@ -14,4 +14,6 @@ mod pvc_cli;
 mod recovery;
 mod restore_targets;
 mod upload_edges;
+#[path = "../support/velero_crs.rs"]
+mod velero_crs;
 mod velero_interop;

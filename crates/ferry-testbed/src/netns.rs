@@ -1,0 +1,296 @@
+//! The namespaces a real node runs in, and TCP forwarding across their boundary.
+//!
+//! A real node's kubelet, container runtime, CSI driver and pods live in namespaces the test bed
+//! creates: a network namespace (so pod, service and node addresses never appear on the host's
+//! network), a mount namespace (so every mount they make, and the shared propagation the kubelet
+//! root needs, vanish with it) and a PID namespace (so every container and runtime shim is killed
+//! by the kernel when its first process dies, however the test binary ends).
+//!
+//! The host side reaches in, and the node reaches out, only through [`Forwarder`]s: listeners
+//! bound inside one namespace whose connections are relayed from the other.
+#![allow(unsafe_code)] // setns(2) in a forked child before exec and on a dedicated thread.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::process::{self, Guarded};
+
+/// A network, mount and PID namespace held open by a process that does nothing else.
+#[derive(Debug)]
+pub struct NodeNamespaces {
+    net: OwnedFd,
+    mnt: OwnedFd,
+    pid: OwnedFd,
+    /// PID (in the host's PID namespace) of the namespaces' first process.
+    init_pid: u32,
+    /// `unshare`, parent of the first process: killing it kills the first process, and the
+    /// kernel then kills everything else in the PID namespace.
+    holder: Guarded,
+}
+
+impl NodeNamespaces {
+    /// Creates the namespaces. The mount namespace starts as a private copy of the host's.
+    ///
+    /// # Errors
+    /// `unshare` is missing or failed, or its child did not appear within 10 s.
+    pub fn create() -> anyhow::Result<Self> {
+        let mut cmd = Command::new("unshare");
+        cmd.args([
+            "--fork",
+            "--pid",
+            "--kill-child",
+            "--mount",
+            "--net",
+            "--propagation",
+            "private",
+        ])
+        .args(["--", "sleep", "infinity"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        let mut holder = process::spawn("namespace holder", cmd).context("starting unshare")?;
+        let children = format!("/proc/{0}/task/{0}/children", holder.pid());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let init_pid = loop {
+            let text = std::fs::read_to_string(&children).unwrap_or_default();
+            if let Some(pid) = text.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()) {
+                break pid;
+            }
+            if !holder.is_running() {
+                bail!("unshare exited before creating the node's namespaces");
+            }
+            if Instant::now() > deadline {
+                bail!("unshare created no namespace process within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let open = |kind: &str| -> anyhow::Result<OwnedFd> {
+            let path = format!("/proc/{init_pid}/ns/{kind}");
+            Ok(File::open(&path).with_context(|| format!("opening {path}"))?.into())
+        };
+        Ok(Self { net: open("net")?, mnt: open("mnt")?, pid: open("pid")?, init_pid, holder })
+    }
+
+    /// Starts `cmd` inside the namespaces through [`process::spawn`]: the program runs in the
+    /// node's network, mount and PID namespaces. A PID namespace can only be entered by a new
+    /// process (a program that makes threads cannot start in one it joined by `setns`), so the
+    /// child joins the namespaces and forks: the program runs in the grandchild, which dies with
+    /// its parent; the parent (the returned process) waits for it and exits as it did.
+    ///
+    /// # Errors
+    /// The descriptors could not be duplicated, or the spawn failed.
+    pub fn spawn(&self, name: &str, cmd: Command) -> anyhow::Result<Guarded> {
+        process::spawn_then(name, cmd, |cmd| self.enter(cmd))
+    }
+
+    fn enter(&self, cmd: &mut Command) -> anyhow::Result<()> {
+        let mnt = self.mnt.try_clone()?;
+        let net = self.net.try_clone()?;
+        let pid = self.pid.try_clone()?;
+        // SAFETY: runs in the forked child before exec and calls only async-signal-safe
+        // functions (setns, fork, prctl, getpid, getppid, waitpid, close_range, _exit); the
+        // closure reads only the three descriptors it owns.
+        unsafe {
+            cmd.pre_exec(move || {
+                for (fd, kind) in [
+                    (mnt.as_raw_fd(), libc::CLONE_NEWNS),
+                    (net.as_raw_fd(), libc::CLONE_NEWNET),
+                    (pid.as_raw_fd(), libc::CLONE_NEWPID),
+                ] {
+                    if libc::setns(fd, kind) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                let child = libc::fork();
+                if child < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if child == 0 {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // The parent is outside the PID namespace (getppid says 0); had it died
+                    // already, the namespace's first process (1) would be the parent now.
+                    if libc::getppid() == 1 {
+                        return Err(std::io::Error::other("parent exited during spawn"));
+                    }
+                    return Ok(());
+                }
+                // The parent: it must not hold the spawner's exec-status pipe open, or the
+                // spawn would wait for this process to end.
+                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                let mut status = 0;
+                loop {
+                    let r = libc::waitpid(child, &raw mut status, 0);
+                    if r == child {
+                        break;
+                    }
+                    if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)
+                    {
+                        libc::_exit(127);
+                    }
+                }
+                if libc::WIFEXITED(status) {
+                    libc::_exit(libc::WEXITSTATUS(status));
+                }
+                libc::_exit(128 + libc::WTERMSIG(status));
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `script` with `sh -e` inside the namespaces and waits for it.
+    ///
+    /// # Errors
+    /// The script failed; the error carries its output.
+    pub fn run(&self, script: &str) -> anyhow::Result<String> {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-ec", script]).stdin(Stdio::null());
+        self.enter(&mut cmd)?;
+        let out = cmd.output().context("running sh in the node's namespaces")?;
+        if !out.status.success() {
+            bail!(
+                "in the node's namespaces, `{}` failed ({}): {}{}",
+                script.lines().next().unwrap_or_default(),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// A path as the node's processes see it (through their mount namespace).
+    #[must_use]
+    pub fn path(&self, inside: &Path) -> std::path::PathBuf {
+        Path::new(&format!("/proc/{}/root", self.init_pid))
+            .join(inside.strip_prefix("/").unwrap_or(inside))
+    }
+
+    /// The PID of the namespaces' first process.
+    #[must_use]
+    pub fn init_pid(&self) -> u32 {
+        self.init_pid
+    }
+
+    /// A TCP listener bound inside the node's network namespace.
+    ///
+    /// # Errors
+    /// The address cannot be bound there.
+    pub fn listen(&self, addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
+        let net = self.net.try_clone()?;
+        // setns(CLONE_NEWNET) changes only the calling thread; a thread of its own binds the
+        // socket (which stays in the namespace it was made in) and ends.
+        std::thread::spawn(move || -> std::io::Result<std::net::TcpListener> {
+            // SAFETY: setns on this thread only, with a descriptor it owns.
+            if unsafe { libc::setns(net.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let listener = std::net::TcpListener::bind(addr)?;
+            listener.set_nonblocking(true)?;
+            Ok(listener)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the namespace thread panicked"))?
+        .with_context(|| format!("binding {addr} in the node's network namespace"))
+    }
+
+    /// A TCP connection made from inside the node's network namespace.
+    ///
+    /// # Errors
+    /// The address did not accept the connection.
+    pub fn connect(&self, addr: SocketAddr) -> anyhow::Result<std::net::TcpStream> {
+        let net = self.net.try_clone()?;
+        std::thread::spawn(move || -> std::io::Result<std::net::TcpStream> {
+            // SAFETY: setns on this thread only, with a descriptor it owns.
+            if unsafe { libc::setns(net.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the namespace thread panicked"))?
+        .with_context(|| format!("connecting to {addr} in the node's network namespace"))
+    }
+
+    /// Kills every process of the namespaces and waits (up to 10 s) until the first one is gone.
+    pub fn stop(&mut self) {
+        // The first process dies with `unshare` (--kill-child); its end kills the namespace.
+        self.holder.stop();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Path::new(&format!("/proc/{}", self.init_pid)).exists() && Instant::now() < deadline {
+            // SAFETY: kill(2) on a PID this test bed created; SIGKILL cannot be caught.
+            unsafe { libc::kill(i32::try_from(self.init_pid).unwrap_or(i32::MAX), libc::SIGKILL) };
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for NodeNamespaces {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Relays TCP connections: each listener's connections go to its target, connected from the
+/// host's network namespace. Runs on a thread of its own until dropped (or the process ends).
+#[derive(Debug)]
+pub struct Forwarder {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Forwarder {
+    /// Starts relaying every `(listener, target)` pair.
+    ///
+    /// # Errors
+    /// The runtime thread could not start.
+    pub fn start(pairs: Vec<(std::net::TcpListener, SocketAddr)>) -> anyhow::Result<Self> {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        std::thread::Builder::new().name("ferry-testbed-forwarder".into()).spawn(move || {
+            runtime.block_on(async move {
+                let mut tasks = tokio::task::JoinSet::new();
+                for (listener, target) in pairs {
+                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                        continue;
+                    };
+                    tasks.spawn(relay(listener, target));
+                }
+                let _ = stopped.await;
+                tasks.abort_all();
+            });
+        })?;
+        Ok(Self { stop: Some(stop) })
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn relay(listener: tokio::net::TcpListener, target: SocketAddr) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let Ok((mut inbound, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        connections.spawn(async move {
+            if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            }
+        });
+        while connections.try_join_next().is_some() {}
+    }
+}

@@ -1,0 +1,444 @@
+//! The real node with Ferry installed, shared by the tests of this binary, and what tests do on
+//! it: run pods, snapshot volumes, create Velero's objects and wait for them.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use ferry_api::{DataDownload, DataUpload, VolumeSnapshot};
+use ferry_testbed::realnode::{self, RealCluster};
+use ferry_testbed::{S3Server, VELERO_NAMESPACE};
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::velero_crs::{self, Classes, Mover};
+
+pub type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// The bound on every wait: generous, since the machine may be loaded.
+pub const WAIT: Duration = Duration::from_secs(300);
+/// The data mover name the chart's agent handles.
+pub const MOVER: &str = "ferry";
+/// The BackupStorageLocation (Velero's default name).
+pub const BSL: &str = "default";
+const BUCKET: &str = "ferry-realnode";
+
+/// The shared cluster with Ferry installed from its chart and a BSL on moto.
+pub struct Node {
+    pub cluster: &'static RealCluster,
+    /// The S3 endpoint as the host (and the `ferry` CLI in tests) reaches it.
+    pub s3_endpoint: String,
+}
+
+/// The node, set up on first use.
+///
+/// # Panics
+/// If the cluster, S3 or Ferry's installation fails; the message says why.
+pub fn node() -> &'static Node {
+    static NODE: OnceLock<Result<Node, String>> = OnceLock::new();
+    let node = NODE.get_or_init(|| {
+        std::thread::spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(set_up()).map_err(|e| format!("{e:#}"))
+        })
+        .join()
+        .unwrap_or_else(|_| Err("setting up the real node panicked".into()))
+    });
+    match node {
+        Ok(n) => n,
+        Err(e) => panic!("real node unavailable: {e}"),
+    }
+}
+
+async fn set_up() -> anyhow::Result<Node> {
+    let cluster = RealCluster::shared();
+    let s3 = S3Server::shared();
+    s3.create_bucket(BUCKET)?;
+    let port: u16 = s3.endpoint().rsplit(':').next().unwrap_or_default().parse()?;
+    // Pods reach moto on the host's loopback through the node's address; the relay lives as
+    // long as the test binary.
+    static RELAY: OnceLock<ferry_testbed::netns::Forwarder> = OnceLock::new();
+    let relay = cluster.expose_host_port(port)?;
+    let _ = RELAY.set(relay);
+    let client = cluster.client()?;
+    create_bsl(&client, &format!("http://{}:{port}", realnode::NODE_IP)).await?;
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_ferry"));
+    cluster
+        .install_ferry(
+            binary,
+            &["agent.extraArgs={--progress-interval,1s}", "agent.logLevel=info\\,ferry=debug"],
+        )
+        .await?;
+    Ok(Node { cluster, s3_endpoint: s3.endpoint().to_owned() })
+}
+
+async fn create_bsl(client: &Client, s3_url: &str) -> anyhow::Result<()> {
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": "cloud-credentials", "namespace": VELERO_NAMESPACE },
+        "stringData": { "cloud": "[default]\naws_access_key_id = ferry-realnode\naws_secret_access_key = ferry-realnode-secret\n" },
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), VELERO_NAMESPACE)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let bsl: ferry_api::BackupStorageLocation = serde_json::from_value(json!({
+        "apiVersion": "velero.io/v1", "kind": "BackupStorageLocation",
+        "metadata": { "name": BSL, "namespace": VELERO_NAMESPACE },
+        "spec": {
+            "provider": "aws",
+            "objectStorage": { "bucket": BUCKET, "prefix": "velero" },
+            "config": { "region": "us-east-1", "s3Url": s3_url, "s3ForcePathStyle": "true" },
+            "credential": { "name": "cloud-credentials", "key": "cloud" },
+            "default": true,
+        },
+    }))?;
+    Api::<ferry_api::BackupStorageLocation>::namespaced(client.clone(), VELERO_NAMESPACE)
+        .create(&PostParams::default(), &bsl)
+        .await?;
+    Ok(())
+}
+
+impl Node {
+    /// Runs the `ferry` CLI on the repository of `namespace`'s volumes in the BSL, with the
+    /// password the agents keep in `ferry-repo-credentials`; returns its standard output.
+    pub async fn ferry(
+        &self,
+        namespace: &str,
+        args: &[&str],
+    ) -> Result<String, Box<dyn std::error::Error>> {
+        let secrets: Api<Secret> = Api::namespaced(self.client()?, VELERO_NAMESPACE);
+        let secret = secrets.get("ferry-repo-credentials").await?;
+        let password = secret
+            .data
+            .and_then(|d| d.get("repository-password").cloned())
+            .ok_or("ferry-repo-credentials has no repository-password")?;
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(args)
+            .arg("--repo")
+            .arg(format!("s3://{BUCKET}/{}", ferry_mover::repository_prefix("velero", namespace)))
+            .args(["--s3-endpoint", &self.s3_endpoint, "--s3-region", "us-east-1", "--no-cache"])
+            .env("FERRY_PASSWORD", String::from_utf8(password.0)?)
+            .env("AWS_ACCESS_KEY_ID", "ferry-realnode")
+            .env("AWS_SECRET_ACCESS_KEY", "ferry-realnode-secret")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .output()?;
+        if !out.status.success() {
+            return Err(
+                format!("ferry {args:?} failed: {}", String::from_utf8_lossy(&out.stderr)).into()
+            );
+        }
+        Ok(String::from_utf8(out.stdout)?)
+    }
+
+    pub fn client(&self) -> Result<Client, Box<dyn std::error::Error>> {
+        Ok(self.cluster.client()?)
+    }
+
+    pub async fn namespace(&self, prefix: &str) -> Result<String, Box<dyn std::error::Error>> {
+        Ok(self.cluster.control_plane().unique_namespace(prefix).await?)
+    }
+}
+
+/// A PVC of the hostpath driver's class in `mode` (`Filesystem` or `Block`).
+pub async fn create_pvc(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    size: &str,
+    mode: &str,
+) -> Result<PersistentVolumeClaim, Box<dyn std::error::Error>> {
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": { "name": name, "namespace": ns },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": realnode::STORAGE_CLASS,
+            "volumeMode": mode,
+            "resources": { "requests": { "storage": size } },
+        },
+    }))?;
+    Ok(Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pvc)
+        .await?)
+}
+
+/// Runs `script` in a busybox pod with `pvc` at `/data` (Filesystem) or `/dev/volume`
+/// (Block), waits until it ends, deletes it and returns what it wrote to
+/// `/dev/termination-log`. A failed script fails with its message.
+pub async fn run_pod(
+    client: &Client,
+    ns: &str,
+    pvc: &str,
+    block: bool,
+    script: &str,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let name = format!("run-{}", &uid()[..8]);
+    let mut container = json!({
+        "name": "run",
+        "image": realnode::BUSYBOX_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", script],
+        "terminationMessagePolicy": "File",
+    });
+    if block {
+        container["volumeDevices"] = json!([{ "name": "v", "devicePath": "/dev/volume" }]);
+    } else {
+        container["volumeMounts"] = json!([{ "name": "v", "mountPath": "/data" }]);
+    }
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "namespace": ns },
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [container],
+            "volumes": [{ "name": "v", "persistentVolumeClaim": { "claimName": pvc } }],
+        },
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.create(&PostParams::default(), &pod).await?;
+    let deadline = Instant::now() + WAIT;
+    let result = loop {
+        let p = pods.get(&name).await?;
+        let status = p.status.clone().unwrap_or_default();
+        let terminated = status
+            .container_statuses
+            .unwrap_or_default()
+            .into_iter()
+            .find_map(|c| c.state.and_then(|s| s.terminated));
+        if let Some(t) = terminated {
+            let message = t.message.unwrap_or_default();
+            if t.exit_code != 0 {
+                break Err(format!("pod {ns}/{name} failed ({}): {message}", t.exit_code));
+            }
+            break Ok(message);
+        }
+        if Instant::now() > deadline {
+            break Err(format!("pod {ns}/{name} did not finish within {WAIT:?}: {:?}", p.status));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    pods.delete(&name, &Default::default()).await?;
+    wait_gone(&pods, &name).await?;
+    Ok(result?)
+}
+
+async fn wait_gone<K>(api: &Api<K>, name: &str) -> Result<(), Box<dyn std::error::Error>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let deadline = Instant::now() + WAIT;
+    while api.get_opt(name).await?.is_some() {
+        if Instant::now() > deadline {
+            return Err(format!("{name} still exists after {WAIT:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+/// A ready CSI VolumeSnapshot of `pvc`.
+pub async fn snapshot(
+    client: &Client,
+    ns: &str,
+    pvc: &str,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let name = format!("{pvc}-{}", &uid()[..8]);
+    let vs: VolumeSnapshot = serde_json::from_value(json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+        "metadata": { "name": name, "namespace": ns },
+        "spec": {
+            "volumeSnapshotClassName": realnode::SNAPSHOT_CLASS,
+            "source": { "persistentVolumeClaimName": pvc },
+        },
+    }))?;
+    let api: Api<VolumeSnapshot> = Api::namespaced(client.clone(), ns);
+    api.create(&PostParams::default(), &vs).await?;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let vs = api.get(&name).await?;
+        if vs.status.as_ref().and_then(|s| s.ready_to_use) == Some(true) {
+            return Ok(name);
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "VolumeSnapshot {ns}/{name} not ready after {WAIT:?}: {:?}",
+                vs.status
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Creates the DataUpload Velero's CSI plugin would for `pvc` snapshotted as `snapshot`.
+pub async fn data_upload(
+    client: &Client,
+    ns: &str,
+    pvc: &str,
+    snapshot: &str,
+    backup: &str,
+) -> Result<DataUpload, Box<dyn std::error::Error>> {
+    let source = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns).get(pvc).await?;
+    let classes = Classes {
+        storage_class: realnode::STORAGE_CLASS,
+        snapshot_class: realnode::SNAPSHOT_CLASS,
+        driver: realnode::DRIVER,
+    };
+    let du = velero_crs::data_upload(&mover(), &classes, backup, &uid(), &source, snapshot)?;
+    Ok(Api::<DataUpload>::namespaced(client.clone(), VELERO_NAMESPACE)
+        .create(&PostParams::default(), &du)
+        .await?)
+}
+
+/// Creates the target PVC Velero's restore leaves and the DataDownload restoring `from` into it.
+pub async fn data_download(
+    client: &Client,
+    ns: &str,
+    target: &str,
+    size: &str,
+    mode: &str,
+    from: &DataUpload,
+    restore: &str,
+) -> Result<DataDownload, Box<dyn std::error::Error>> {
+    let pvc = velero_crs::target_pvc(
+        ns,
+        target,
+        size,
+        mode,
+        realnode::STORAGE_CLASS,
+        &format!("{ns}.{target}"),
+    )?;
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pvc)
+        .await?;
+    let dd = velero_crs::data_download(&mover(), restore, &uid(), &pvc, from)?;
+    Ok(Api::<DataDownload>::namespaced(client.clone(), VELERO_NAMESPACE)
+        .create(&PostParams::default(), &dd)
+        .await?)
+}
+
+fn mover() -> Mover<'static> {
+    Mover { datamover: MOVER, bsl: BSL }
+}
+
+/// Waits until the DataUpload `name` is Completed; fails at once on Failed or Canceled with
+/// the CR's message.
+pub async fn wait_upload(
+    client: &Client,
+    name: &str,
+) -> Result<DataUpload, Box<dyn std::error::Error>> {
+    let api: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let du = api.get(name).await?;
+        let status = du.status.clone().unwrap_or_default();
+        match status.phase {
+            Some(ferry_api::DataUploadPhase::Completed) => return Ok(du),
+            Some(
+                p @ (ferry_api::DataUploadPhase::Failed | ferry_api::DataUploadPhase::Canceled),
+            ) => {
+                return Err(format!("DataUpload {name} {p:?}: {}", status.message).into());
+            }
+            _ => {}
+        }
+        if Instant::now() > deadline {
+            return Err(
+                format!("DataUpload {name} not Completed after {WAIT:?}: {status:?}").into()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Waits until the DataDownload `name` is Completed; fails at once on Failed or Canceled.
+pub async fn wait_download(
+    client: &Client,
+    name: &str,
+) -> Result<DataDownload, Box<dyn std::error::Error>> {
+    let api: Api<DataDownload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let dd = api.get(name).await?;
+        let status = dd.status.clone().unwrap_or_default();
+        match status.phase {
+            Some(ferry_api::DataDownloadPhase::Completed) => return Ok(dd),
+            Some(
+                p @ (ferry_api::DataDownloadPhase::Failed | ferry_api::DataDownloadPhase::Canceled),
+            ) => {
+                return Err(format!("DataDownload {name} {p:?}: {}", status.message).into());
+            }
+            _ => {}
+        }
+        if Instant::now() > deadline {
+            return Err(
+                format!("DataDownload {name} not Completed after {WAIT:?}: {status:?}").into()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A fresh 32-hex-digit identifier.
+pub fn uid() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    let a = h.finish();
+    h.write_u64(a);
+    format!("{a:016x}{:016x}", h.finish())
+}
+
+/// Names a CR by what the API server generated.
+pub fn name_of<K: ResourceExt>(object: &K) -> String {
+    object.name_any()
+}
+
+/// Waits (up to a minute: the kubelet unmaps asynchronously) until no loop device on the node
+/// belongs to a volume that no longer exists; fails naming the ones that stay. A leaked device
+/// means a volume was deleted while the kubelet still had it mapped.
+pub async fn no_leaked_devices(node: &Node) -> TestResult {
+    use ferry_api::k8s_openapi::api::core::v1::PersistentVolume;
+    let volumes: Api<PersistentVolume> = Api::all(node.client()?);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let live: Vec<String> = volumes
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .flat_map(|pv| {
+                let handle =
+                    pv.spec.and_then(|s| s.csi).map(|c| c.volume_handle).unwrap_or_default();
+                [pv.metadata.name.unwrap_or_default(), handle]
+            })
+            .filter(|s| !s.is_empty())
+            .collect();
+        let leaked: Vec<(String, String)> = node
+            .cluster
+            .loop_devices()?
+            .into_iter()
+            .filter(|(_, file)| !live.iter().any(|v| file.contains(v.as_str())))
+            .collect();
+        if leaked.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(
+                format!("loop devices of deleted volumes stay on the node: {leaked:?}").into()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Deletes the PVC `ns/name` and waits until it is gone.
+pub async fn delete_pvc(client: &Client, ns: &str, name: &str) -> TestResult {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    api.delete(name, &Default::default()).await?;
+    wait_gone(&api, name).await
+}

@@ -1,0 +1,91 @@
+//! DataUpload -> DataDownload round trips on the real node, for a file-system PVC and a block
+//! PVC: the data written by one pod is restored into a new PVC and compared by another.
+
+use crate::node::{self, TestResult, name_of};
+
+/// Lists every entry under /data (lost+found aside) with its kind, mode and, for files, the
+/// MD5 of its content; written to the termination message (4 KiB at most: keep trees small).
+const FS_MANIFEST: &str = r#"cd /data && find . -path ./lost+found -prune -o -print | sort | while read -r p; do
+  if [ -L "$p" ]; then echo "L $p -> $(readlink "$p")";
+  elif [ -d "$p" ]; then echo "D $p $(stat -c %a "$p")";
+  else echo "F $p $(stat -c %a "$p") $(md5sum < "$p" | cut -d' ' -f1)"; fi
+done > /dev/termination-log"#;
+
+const FS_WRITE: &str = r#"set -e; cd /data; mkdir -p sub/deep empty
+for i in $(seq 1 20); do dd if=/dev/urandom of=f$i bs=1k count=$((i * 37)) 2>/dev/null; done
+echo hello > sub/deep/h; chmod 600 sub/deep/h; chmod 750 sub
+ln -s ../f1 sub/link
+dd if=/dev/urandom of=sparse bs=4k seek=1024 count=1 2>/dev/null
+sync
+"#;
+
+/// Random data at two places of the device; the manifest is the MD5 of the whole device.
+const BLOCK_WRITE: &str = "set -e
+dd if=/dev/urandom of=/dev/volume bs=1M count=4 seek=2 conv=fsync 2>/dev/null
+dd if=/dev/urandom of=/dev/volume bs=4k count=3 seek=5000 conv=fsync 2>/dev/null
+";
+const BLOCK_MANIFEST: &str = "md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log";
+
+#[tokio::test]
+async fn filesystem_pvc_round_trip() -> TestResult {
+    let node = node::node();
+    let client = node.client()?;
+    let ns = node.namespace("fs").await?;
+    node::create_pvc(&client, &ns, "data", "64Mi", "Filesystem").await?;
+    let written =
+        node::run_pod(&client, &ns, "data", false, &format!("{FS_WRITE}\n{FS_MANIFEST}")).await?;
+    assert!(written.lines().count() > 20, "the writer listed its tree: {written}");
+
+    let snapshot = node::snapshot(&client, &ns, "data").await?;
+    let du = node::data_upload(&client, &ns, "data", &snapshot, "fs-backup").await?;
+    let du = node::wait_upload(&client, &name_of(&du)).await?;
+    let status = du.status.clone().unwrap_or_default();
+    assert!(!status.snapshot_id.is_empty(), "a snapshot ID: {status:?}");
+    assert!(status.progress.total_bytes > 7_000_000, "the tree's bytes counted: {status:?}");
+    let snapshots = node.ferry(&ns, &["snapshots", "--json"]).await?;
+    assert!(
+        snapshots.contains(&status.snapshot_id),
+        "the repository lists {}: {snapshots}",
+        status.snapshot_id
+    );
+    node.ferry(&ns, &["check", "--read-data"]).await?;
+
+    let target_ns = node.namespace("fs-restored").await?;
+    let dd =
+        node::data_download(&client, &target_ns, "data", "64Mi", "Filesystem", &du, "fs-restore")
+            .await?;
+    node::wait_download(&client, &name_of(&dd)).await?;
+    let restored = node::run_pod(&client, &target_ns, "data", false, FS_MANIFEST).await?;
+    assert_eq!(restored, written, "the restored tree differs from the written one");
+    Ok(())
+}
+
+#[tokio::test]
+async fn block_pvc_round_trip() -> TestResult {
+    let node = node::node();
+    let client = node.client()?;
+    let ns = node.namespace("block").await?;
+    node::create_pvc(&client, &ns, "disk", "32Mi", "Block").await?;
+    let written =
+        node::run_pod(&client, &ns, "disk", true, &format!("{BLOCK_WRITE}\n{BLOCK_MANIFEST}"))
+            .await?;
+    assert_eq!(written.trim().len(), 32, "an MD5 of the device: {written}");
+
+    let snapshot = node::snapshot(&client, &ns, "disk").await?;
+    let du = node::data_upload(&client, &ns, "disk", &snapshot, "block-backup").await?;
+    let du = node::wait_upload(&client, &name_of(&du)).await?;
+
+    let target_ns = node.namespace("block-restored").await?;
+    let dd =
+        node::data_download(&client, &target_ns, "disk", "32Mi", "Block", &du, "block-restore")
+            .await?;
+    node::wait_download(&client, &name_of(&dd)).await?;
+    let restored = node::run_pod(&client, &target_ns, "disk", true, BLOCK_MANIFEST).await?;
+    assert_eq!(restored, written, "the restored device differs from the written one");
+
+    // Everything Ferry exposed is gone without leaving the node a device it cannot release.
+    node::delete_pvc(&client, &target_ns, "disk").await?;
+    node::delete_pvc(&client, &ns, "disk").await?;
+    node::no_leaked_devices(node).await?;
+    Ok(())
+}
