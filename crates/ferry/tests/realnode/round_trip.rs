@@ -5,13 +5,13 @@ use crate::node::{self, TestResult, name_of};
 
 /// Lists every entry under /data (lost+found aside) with its kind, mode and, for files, the
 /// MD5 of its content; written to the termination message (4 KiB at most: keep trees small).
-const FS_MANIFEST: &str = r#"cd /data && find . -path ./lost+found -prune -o -print | sort | while read -r p; do
+pub const FS_MANIFEST: &str = r#"cd /data && find . -path ./lost+found -prune -o -print | sort | while read -r p; do
   if [ -L "$p" ]; then echo "L $p -> $(readlink "$p")";
   elif [ -d "$p" ]; then echo "D $p $(stat -c %a "$p")";
   else echo "F $p $(stat -c %a "$p") $(md5sum < "$p" | cut -d' ' -f1)"; fi
 done > /dev/termination-log"#;
 
-const FS_WRITE: &str = r#"set -e; cd /data; mkdir -p sub/deep empty
+pub const FS_WRITE: &str = r#"set -e; cd /data; mkdir -p sub/deep empty
 for i in $(seq 1 20); do dd if=/dev/urandom of=f$i bs=1k count=$((i * 37)) 2>/dev/null; done
 echo hello > sub/deep/h; chmod 600 sub/deep/h; chmod 750 sub
 ln -s ../f1 sub/link

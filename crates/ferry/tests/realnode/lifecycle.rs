@@ -1,0 +1,191 @@
+//! What users run into on a real node beyond one round trip: an incremental backup after a
+//! change, the agent's pod deleted in the middle of an upload (the DaemonSet brings it back and
+//! the upload completes), and what a user sees (`kubectl get datauploads`, Events, `/metrics`
+//! scraped from the agent's pod).
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use ferry_api::DataUpload;
+use ferry_api::k8s_openapi::api::core::v1::Pod;
+use ferry_api::k8s_openapi::api::events::v1::Event;
+use ferry_testbed::VELERO_NAMESPACE;
+use kube::api::{Api, DeleteParams, ListParams};
+
+use crate::node::{self, TestResult, WAIT, name_of};
+use crate::round_trip::{FS_MANIFEST, FS_WRITE};
+
+const AGENT_LABELS: &str = "app.kubernetes.io/name=ferry,app.kubernetes.io/component=agent";
+
+#[tokio::test]
+async fn an_incremental_backup_after_a_change_stores_only_the_change() -> TestResult {
+    let node = node::node();
+    let client = node.client()?;
+    let ns = node.namespace("incr").await?;
+    node::create_pvc(&client, &ns, "data", "64Mi", "Filesystem").await?;
+    node::run_pod(&client, &ns, "data", false, FS_WRITE).await?;
+    let first = node::snapshot(&client, &ns, "data").await?;
+    let du = node::data_upload(&client, &ns, "data", &first, "incr-1").await?;
+    let first = node::wait_upload(&client, &name_of(&du)).await?;
+
+    // One file rewritten, one added, one removed: about 150 KiB of new data in a 7.7 MB tree.
+    let change = "set -e; cd /data; dd if=/dev/urandom of=f3 bs=1k count=111 2>/dev/null
+dd if=/dev/urandom of=new bs=1k count=40 2>/dev/null; rm f7; sync";
+    let changed =
+        node::run_pod(&client, &ns, "data", false, &format!("{change}\n{FS_MANIFEST}")).await?;
+    let second = node::snapshot(&client, &ns, "data").await?;
+    let du = node::data_upload(&client, &ns, "data", &second, "incr-2").await?;
+    let second = node::wait_upload(&client, &name_of(&du)).await?;
+    let (s1, s2) =
+        (first.status.clone().unwrap_or_default(), second.status.clone().unwrap_or_default());
+    assert!(s1.incremental_bytes > 7_000_000, "the first backup stored the tree: {s1:?}");
+    assert!(
+        s2.incremental_bytes < 1_000_000,
+        "the second backup stored about the change only: {} bytes new of {}",
+        s2.incremental_bytes,
+        s2.progress.total_bytes
+    );
+    assert_ne!(s1.snapshot_id, s2.snapshot_id);
+
+    let target_ns = node.namespace("incr-restored").await?;
+    let dd =
+        node::data_download(&client, &target_ns, "data", "64Mi", "Filesystem", &second, "incr-r")
+            .await?;
+    node::wait_download(&client, &name_of(&dd)).await?;
+    let restored = node::run_pod(&client, &target_ns, "data", false, FS_MANIFEST).await?;
+    assert_eq!(restored, changed, "the incremental snapshot restores the changed tree");
+    Ok(())
+}
+
+/// The agent's pod, deleted as a node drain or an upgrade deletes it, while it uploads: the
+/// DaemonSet starts a new one, which takes the upload up again; it completes and restores.
+#[tokio::test]
+async fn the_agent_pod_deleted_mid_upload_comes_back_and_completes_it() -> TestResult {
+    let node = node::node();
+    let client = node.client()?;
+    let ns = node.namespace("restart").await?;
+    node::create_pvc(&client, &ns, "big", "512Mi", "Filesystem").await?;
+    let written = node::run_pod(
+        &client,
+        &ns,
+        "big",
+        false,
+        "set -e; cd /data; for i in $(seq 1 12); do dd if=/dev/urandom of=blob$i bs=1M count=25 2>/dev/null; done; sync
+cd /data && for f in $(ls | sort); do echo \"$f $(md5sum < $f | cut -d' ' -f1)\"; done > /dev/termination-log",
+    )
+    .await?;
+    let snapshot = node::snapshot(&client, &ns, "big").await?;
+    let du = node::data_upload(&client, &ns, "big", &snapshot, "restart").await?;
+    let name = name_of(&du);
+
+    // Wait until bytes move, then delete the agent's pod.
+    let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = uploads.get(&name).await?.status.unwrap_or_default();
+        if status.progress.bytes_done > 0 {
+            break;
+        }
+        assert!(
+            status.phase != Some(ferry_api::DataUploadPhase::Completed),
+            "the upload ended before the agent could be deleted; make the volume larger"
+        );
+        assert!(Instant::now() < deadline, "no bytes moved within {WAIT:?}: {status:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let agent = pods.list(&ListParams::default().labels(AGENT_LABELS)).await?.items;
+    assert_eq!(agent.len(), 1, "one agent pod on the one node");
+    let old = name_of(&agent[0]);
+    pods.delete(&old, &DeleteParams::default()).await?;
+
+    let du = node::wait_upload(&client, &name).await?;
+    let now = pods.list(&ListParams::default().labels(AGENT_LABELS)).await?.items;
+    assert!(now.iter().all(|p| name_of(p) != old), "the DaemonSet replaced the deleted pod");
+    node.cluster.wait_agent_ready(&client).await?;
+
+    let target_ns = node.namespace("restart-restored").await?;
+    let dd =
+        node::data_download(&client, &target_ns, "big", "512Mi", "Filesystem", &du, "restart-r")
+            .await?;
+    node::wait_download(&client, &name_of(&dd)).await?;
+    let restored = node::run_pod(
+        &client,
+        &target_ns,
+        "big",
+        false,
+        "cd /data && for f in $(ls | grep -v lost+found | sort); do echo \"$f $(md5sum < $f | cut -d' ' -f1)\"; done > /dev/termination-log",
+    )
+    .await?;
+    assert_eq!(restored, written);
+    Ok(())
+}
+
+/// What an operator looks at: `kubectl get datauploads` (Velero's columns), the agent's Events
+/// on the CR, and the agent's `/metrics` scraped from its pod's address.
+#[tokio::test]
+async fn a_user_sees_columns_events_and_metrics() -> TestResult {
+    let node = node::node();
+    let client = node.client()?;
+    let ns = node.namespace("seen").await?;
+    node::create_pvc(&client, &ns, "data", "16Mi", "Filesystem").await?;
+    node::run_pod(&client, &ns, "data", false, "echo hello > /data/h; sync").await?;
+    let snapshot = node::snapshot(&client, &ns, "data").await?;
+    let du = node::data_upload(&client, &ns, "data", &snapshot, "seen").await?;
+    let name = name_of(&node::wait_upload(&client, &name_of(&du)).await?);
+
+    let kubectl = ferry_testbed::paths::kubectl()?;
+    let out = std::process::Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(node.cluster.kubeconfig())
+        .args(["get", "datauploads", "-n", VELERO_NAMESPACE, &name])
+        .output()?;
+    let table = String::from_utf8(out.stdout)?;
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    for column in
+        ["NAME", "STATUS", "STARTED", "BYTES", "DONE", "TOTAL", "STORAGE", "LOCATION", "NODE"]
+    {
+        assert!(header.contains(&column), "column {column} in {header:?}");
+    }
+    let row = lines.next().unwrap_or_default();
+    assert!(row.contains("Completed") && row.contains(node::BSL), "{table}");
+    assert!(row.contains(ferry_testbed::realnode::NODE_NAME), "the node that moved it: {table}");
+
+    let events: Api<Event> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let ours: Vec<String> = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
+        .filter(|e| e.reporting_controller.as_deref() == Some("ferry-agent"))
+        .filter_map(|e| e.reason)
+        .collect();
+    assert!(!ours.is_empty(), "the agent published Events on {name}");
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let agent = pods.list(&ListParams::default().labels(AGENT_LABELS)).await?.items;
+    let ip = agent
+        .iter()
+        .find_map(|p| p.status.as_ref().and_then(|s| s.pod_ip.clone()))
+        .ok_or("the agent's pod has no address")?;
+    let metrics = http_get(node, SocketAddr::new(ip.parse()?, 8085), "/metrics")?;
+    assert!(metrics.contains("ferry_data_upload_success_total"), "{metrics}");
+    Ok(())
+}
+
+/// A plain HTTP/1.0 GET to an address inside the node's network.
+fn http_get(
+    node: &node::Node,
+    addr: SocketAddr,
+    path: &str,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let mut stream = node.cluster.connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    Ok(body)
+}
