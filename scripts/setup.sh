@@ -9,6 +9,11 @@ command -v openssl >/dev/null || need_apt+=(openssl)
 command -v mkfs.ext4 >/dev/null || need_apt+=(e2fsprogs)
 command -v losetup >/dev/null || need_apt+=(mount)
 command -v setfattr >/dev/null || need_apt+=(attr)
+# The real node: runc links libseccomp; test pods run a static busybox; unshare and nsenter.
+[[ -f /usr/include/seccomp.h ]] || need_apt+=(libseccomp-dev)
+ldd /bin/busybox 2>&1 | grep -q 'not a dynamic' || need_apt+=(busybox-static)
+command -v unshare >/dev/null || need_apt+=(util-linux)
+command -v ip >/dev/null || need_apt+=(iproute2)
 if ((${#need_apt[@]})); then
   log "installing ${need_apt[*]} from Debian"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null

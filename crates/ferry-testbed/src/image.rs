@@ -24,18 +24,21 @@ pub fn ferry_image(binary: &Path, out_dir: &Path) -> anyhow::Result<(PathBuf, St
     let name = format!("ferry.local/ferry:{tag}");
     let rootfs = tempfile::Builder::new().prefix("ferry-image-").tempdir_in(out_dir)?;
     let root = rootfs.path();
-    std::fs::create_dir_all(root.join("tmp"))?;
-    std::fs::copy(binary, root.join("ferry"))?;
+    std::fs::create_dir_all(root.join("tmp")).context("making the image's /tmp")?;
+    std::fs::copy(binary, root.join("ferry"))
+        .with_context(|| format!("copying {} into the image", binary.display()))?;
     for lib in linked_libraries(binary)? {
         let dest = root.join(lib.strip_prefix("/").unwrap_or(&lib));
-        std::fs::create_dir_all(dest.parent().unwrap_or(root))?;
+        std::fs::create_dir_all(dest.parent().unwrap_or(root))
+            .with_context(|| format!("making {}", dest.display()))?;
         // Follows symbolic links: the image holds the library under the name the loader asks for.
         std::fs::copy(&lib, &dest).with_context(|| format!("copying {}", lib.display()))?;
     }
     if Path::new(CA_BUNDLE).is_file() {
         let dest = root.join(CA_BUNDLE.trim_start_matches('/'));
-        std::fs::create_dir_all(dest.parent().unwrap_or(root))?;
-        std::fs::copy(CA_BUNDLE, dest)?;
+        std::fs::create_dir_all(dest.parent().unwrap_or(root))
+            .with_context(|| format!("making {}", dest.display()))?;
+        std::fs::copy(CA_BUNDLE, &dest).with_context(|| format!("copying {CA_BUNDLE}"))?;
     }
     let archive = out_dir.join(format!("ferry-{tag}.tar"));
     let packer = paths::workspace_root()?.join("scripts/oci-image.py");

@@ -12,7 +12,7 @@
 
 use std::fs::File;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -30,6 +30,8 @@ pub struct NodeNamespaces {
     pid: OwnedFd,
     /// PID (in the host's PID namespace) of the namespaces' first process.
     init_pid: u32,
+    /// A pidfd of that process: waited on without the risk of a reused PID.
+    init: OwnedFd,
     /// `unshare`, parent of the first process: killing it kills the first process, and the
     /// kernel then kills everything else in the PID namespace.
     holder: Guarded,
@@ -58,9 +60,13 @@ impl NodeNamespaces {
         let mut holder = process::spawn("namespace holder", cmd).context("starting unshare")?;
         let children = format!("/proc/{0}/task/{0}/children", holder.pid());
         let deadline = Instant::now() + Duration::from_secs(10);
+        // Ready once unshare's child has made the mounts private and become `sleep`.
         let init_pid = loop {
             let text = std::fs::read_to_string(&children).unwrap_or_default();
-            if let Some(pid) = text.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()) {
+            if let Some(pid) = text.split_whitespace().next().and_then(|p| p.parse::<u32>().ok())
+                && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim() == "sleep")
+            {
                 break pid;
             }
             if !holder.is_running() {
@@ -75,7 +81,16 @@ impl NodeNamespaces {
             let path = format!("/proc/{init_pid}/ns/{kind}");
             Ok(File::open(&path).with_context(|| format!("opening {path}"))?.into())
         };
-        Ok(Self { net: open("net")?, mnt: open("mnt")?, pid: open("pid")?, init_pid, holder })
+        // SAFETY: pidfd_open(2) with a PID and no flags; the result is checked.
+        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, init_pid, 0) };
+        let init = i32::try_from(raw)
+            .ok()
+            .filter(|fd| *fd >= 0)
+            .ok_or_else(std::io::Error::last_os_error)
+            .with_context(|| format!("pidfd_open of the namespaces' first process {init_pid}"))?;
+        // SAFETY: a descriptor pidfd_open just returned, owned from here on.
+        let init = unsafe { OwnedFd::from_raw_fd(init) };
+        Ok(Self { net: open("net")?, mnt: open("mnt")?, pid: open("pid")?, init_pid, init, holder })
     }
 
     /// Starts `cmd` inside the namespaces through [`process::spawn`]: the program runs in the
@@ -94,9 +109,9 @@ impl NodeNamespaces {
         let mnt = self.mnt.try_clone()?;
         let net = self.net.try_clone()?;
         let pid = self.pid.try_clone()?;
-        // SAFETY: runs in the forked child before exec and calls only async-signal-safe
-        // functions (setns, fork, prctl, getpid, getppid, waitpid, close_range, _exit); the
-        // closure reads only the three descriptors it owns.
+        // SAFETY: runs in the forked child before exec and makes only raw system calls
+        // (setns, clone, prctl, close_range, close, waitpid, _exit): no allocation, no lock, no
+        // atfork handler; the closure reads only the three descriptors it owns.
         unsafe {
             cmd.pre_exec(move || {
                 for (fd, kind) in [
@@ -108,32 +123,36 @@ impl NodeNamespaces {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
-                let child = libc::fork();
+                // A plain fork as a raw clone: the new process is the namespace's.
+                let child = libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0);
                 if child < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 if child == 0 {
+                    // Dies with the parent below. (Were the parent already gone, the kernel
+                    // would have reparented this process to a host process, which getppid()
+                    // cannot tell from the living parent outside the namespace; the namespace's
+                    // end kills it then.)
                     if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
-                    // The parent is outside the PID namespace (getppid says 0); had it died
-                    // already, the namespace's first process (1) would be the parent now.
-                    if libc::getppid() == 1 {
-                        return Err(std::io::Error::other("parent exited during spawn"));
-                    }
                     return Ok(());
                 }
-                // The parent: it must not hold the spawner's exec-status pipe open, or the
-                // spawn would wait for this process to end.
-                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                let child = i32::try_from(child).unwrap_or(i32::MAX);
+                // The parent must not hold the spawner's exec-status pipe open, or the spawn
+                // would wait for this process to end.
+                if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
+                    for fd in 3..65_536 {
+                        libc::close(fd);
+                    }
+                }
                 let mut status = 0;
                 loop {
                     let r = libc::waitpid(child, &raw mut status, 0);
                     if r == child {
                         break;
                     }
-                    if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)
-                    {
+                    if r < 0 && *libc::__errno_location() != libc::EINTR {
                         libc::_exit(127);
                     }
                 }
@@ -224,11 +243,15 @@ impl NodeNamespaces {
     pub fn stop(&mut self) {
         // The first process dies with `unshare` (--kill-child); its end kills the namespace.
         self.holder.stop();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Path::new(&format!("/proc/{}", self.init_pid)).exists() && Instant::now() < deadline {
-            // SAFETY: kill(2) on a PID this test bed created; SIGKILL cannot be caught.
-            unsafe { libc::kill(i32::try_from(self.init_pid).unwrap_or(i32::MAX), libc::SIGKILL) };
-            std::thread::sleep(Duration::from_millis(50));
+        let mut poll = libc::pollfd { fd: self.init.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: poll(2) on one pidfd this struct owns.
+        if unsafe { libc::poll(&raw mut poll, 1, 5_000) } == 1 {
+            return;
+        }
+        // SAFETY: pidfd_send_signal(2) through the pidfd: never another process.
+        unsafe {
+            libc::syscall(libc::SYS_pidfd_send_signal, self.init.as_raw_fd(), libc::SIGKILL, 0, 0);
+            libc::poll(&raw mut poll, 1, 5_000);
         }
     }
 }
@@ -254,13 +277,18 @@ impl Forwarder {
     pub fn start(pairs: Vec<(std::net::TcpListener, SocketAddr)>) -> anyhow::Result<Self> {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let listeners = {
+            let _entered = runtime.enter();
+            pairs
+                .into_iter()
+                .map(|(l, target)| Ok((tokio::net::TcpListener::from_std(l)?, target)))
+                .collect::<std::io::Result<Vec<_>>>()
+                .context("registering a relay's listener")?
+        };
         std::thread::Builder::new().name("ferry-testbed-forwarder".into()).spawn(move || {
             runtime.block_on(async move {
                 let mut tasks = tokio::task::JoinSet::new();
-                for (listener, target) in pairs {
-                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-                        continue;
-                    };
+                for (listener, target) in listeners {
                     tasks.spawn(relay(listener, target));
                 }
                 let _ = stopped.await;

@@ -42,20 +42,27 @@ pub fn fixtures_dir() -> anyhow::Result<PathBuf> {
 /// # Errors
 /// The build script failed.
 pub fn control_plane_bin() -> anyhow::Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("FERRY_CONTROL_PLANE_BIN") {
+    built_by("FERRY_CONTROL_PLANE_BIN", "scripts/build-control-plane.sh")
+}
+
+/// `$variable`, or the path the workspace's build `script` prints (it builds once and caches).
+fn built_by(variable: &str, script: &str) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(variable) {
         return Ok(PathBuf::from(dir));
     }
-    let script = workspace_root()?.join("scripts/build-control-plane.sh");
+    let root = workspace_root()?;
+    let script = root.join(script);
     let out = Command::new("bash")
         .arg(&script)
+        .current_dir(&root)
         .stderr(std::process::Stdio::inherit())
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {
         bail!("{} failed ({})", script.display(), out.status);
     }
-    let dir = String::from_utf8(out.stdout).context("build script printed non-UTF-8")?;
-    Ok(PathBuf::from(dir.trim()))
+    let path = String::from_utf8(out.stdout).context("build script printed non-UTF-8")?;
+    Ok(PathBuf::from(path.trim()))
 }
 
 /// `kubectl` of the control plane's Kubernetes version, built and cached beside
@@ -80,20 +87,7 @@ pub fn kubectl() -> anyhow::Result<PathBuf> {
 /// # Errors
 /// The build script failed.
 pub fn realnode_bin() -> anyhow::Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("FERRY_REALNODE_BIN") {
-        return Ok(PathBuf::from(dir));
-    }
-    let script = workspace_root()?.join("scripts/build-realnode.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!("{} failed ({})", script.display(), out.status);
-    }
-    let dir = String::from_utf8(out.stdout).context("build script printed non-UTF-8")?;
-    Ok(PathBuf::from(dir.trim()))
+    built_by("FERRY_REALNODE_BIN", "scripts/build-realnode.sh")
 }
 
 /// The folder with the real node's OCI image archives (`pause.tar`, `busybox.tar`), beside
@@ -106,20 +100,10 @@ pub fn realnode_images() -> anyhow::Result<PathBuf> {
     Ok(bin.parent().map_or_else(|| bin.join("images"), |p| p.join("images")))
 }
 
-/// The pinned `helm`, built and cached by `deploy/build-helm.sh`.
+/// The pinned `helm`: `$FERRY_HELM`, or what `deploy/build-helm.sh` builds and caches.
 ///
 /// # Errors
 /// The build script failed.
 pub fn helm() -> anyhow::Result<PathBuf> {
-    let script = workspace_root()?.join("deploy/build-helm.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .current_dir(workspace_root()?)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!("{} failed ({})", script.display(), out.status);
-    }
-    Ok(PathBuf::from(String::from_utf8(out.stdout).context("non-UTF-8 path")?.trim()))
+    built_by("FERRY_HELM", "deploy/build-helm.sh")
 }

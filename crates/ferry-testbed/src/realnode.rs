@@ -145,7 +145,14 @@ impl RealCluster {
             "hostpath",
             "volume-plugins",
         ] {
-            std::fs::create_dir_all(root.join(d))?;
+            make_dir(&root.join(d))?;
+        }
+        if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            bail!(
+                "this host has only cgroup v2 (/sys/fs/cgroup is cgroup2): the test bed's kubelet \
+                 runs with the cgroupfs driver on cgroup v1 or hybrid hierarchies, one folder \
+                 per hierarchy; a unified-only host is not supported yet"
+            );
         }
         for h in cgroup_hierarchies() {
             std::fs::create_dir_all(h.join(&self.cgroup))
@@ -174,9 +181,11 @@ impl RealCluster {
     }
 
     fn mount_script(&self) -> String {
-        let root = self.dir.path().display();
+        let root = quoted(self.dir.path());
+        // Private first: nothing mounted here may ever propagate to the host's mounts.
         let mut s = format!(
-            "mount -t proc -o nosuid,nodev,noexec proc /proc
+            "mount --make-rprivate /
+mount -t proc -o nosuid,nodev,noexec proc /proc
 mount -t tmpfs -o size=256m,mode=755 ferry-node-run /run
 mount --bind {root}/var-lib /var/lib
 mount --bind {root}/var-log /var/log
@@ -197,7 +206,7 @@ ip addr add {NODE_IP}/32 dev lo
 
     fn write_kubeconfig(&self) -> anyhow::Result<()> {
         let ca = self.cp.ca_file();
-        std::fs::write(
+        write_file(
             &self.kubelet_kubeconfig,
             format!(
                 "apiVersion: v1
@@ -224,8 +233,8 @@ current-context: ferry
         self.namespaces.as_ref().expect("namespaces exist after boot")
     }
 
-    /// Starts `args[0]` from the node's bin folder (or an absolute path), inside the node's
-    /// namespaces when `inside`, logging to `<dir>/logs/<name>.log`.
+    /// Starts `program` with `args`, inside the node's namespaces when `inside`, logging to
+    /// `<dir>/logs/<name>.log`.
     fn spawn(
         &mut self,
         name: &str,
@@ -234,7 +243,7 @@ current-context: ferry
         inside: bool,
     ) -> anyhow::Result<()> {
         let logs = self.dir.path().join("logs");
-        std::fs::create_dir_all(&logs)?;
+        make_dir(&logs)?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -262,8 +271,8 @@ current-context: ferry
         let root = self.dir.path();
         let sock = self.containerd_socket();
         let cni = root.join("cni");
-        std::fs::write(
-            cni.join("10-ferry.conflist"),
+        write_file(
+            &cni.join("10-ferry.conflist"),
             format!(
                 r#"{{"cniVersion": "1.0.0", "name": "ferry-node", "plugins": [
   {{"type": "bridge", "bridge": "ferry0", "isGateway": true, "isDefaultGateway": true,
@@ -275,7 +284,7 @@ current-context: ferry
             ),
         )?;
         let config = root.join("containerd/config.toml");
-        std::fs::write(
+        write_file(
             &config,
             format!(
                 r#"version = 3
@@ -511,7 +520,7 @@ deletionPolicy: Delete
     fn start_kubelet(&mut self) -> anyhow::Result<()> {
         let root = self.dir.path();
         let config = root.join("kubelet-config.yaml");
-        std::fs::write(
+        write_file(
             &config,
             format!(
                 "apiVersion: kubelet.config.k8s.io/v1beta1
@@ -755,40 +764,29 @@ fileCheckFrequency: 10s
         out
     }
 
-    /// The loop devices backed by the node's files, as `(device, backing file)` seen from inside
-    /// the node: the CSI driver's block volumes (files under the node's folder) and the
-    /// kubelet's references to the devices it maps into pods (under the kubelet root).
-    ///
-    /// # Errors
-    /// The listing could not run inside the node.
-    pub fn loop_devices(&self) -> anyhow::Result<Vec<(String, String)>> {
-        let listing = self.ns().run(
-            r#"for f in /sys/block/loop*/loop/backing_file; do
-  [ -r "$f" ] && echo "$(basename "$(dirname "$(dirname "$f")")") $(cat "$f")"
-done; true"#,
-        )?;
-        let root = self.dir.path().display().to_string();
-        Ok(listing
-            .lines()
-            .filter_map(|l| l.split_once(' '))
-            .filter(|(_, file)| file.starts_with(&root) || file.starts_with(KUBELET_ROOT))
-            .map(|(dev, file)| (format!("/dev/{dev}"), file.to_owned()))
-            .collect())
+    /// The CSI driver's loop devices (its block volumes, backed by files in the node's folder)
+    /// as `(device, backing file)`; the kubelet's references to them keep them attached.
+    #[must_use]
+    pub fn loop_devices(&self) -> Vec<(String, String)> {
+        let mark = format!(
+            "/{}/hostpath/",
+            self.dir.path().file_name().unwrap_or_default().to_string_lossy()
+        );
+        std::fs::read_dir("/sys/block")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let file = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+                file.contains(&mark).then(|| (format!("/dev/{name}"), file.trim().to_owned()))
+            })
+            .collect()
     }
 
     /// Removes what outlives the node's processes: loop devices backed by its files and the
     /// kubelet's cgroups.
     fn release(&mut self) {
-        // The kubelet's references first (they hold the driver's devices open), while the
-        // node's mount namespace still shows what they are.
-        if self.namespaces.is_some()
-            && let Ok(mut loops) = self.loop_devices()
-        {
-            loops.sort_by_key(|(_, file)| !file.starts_with(KUBELET_ROOT));
-            for (dev, _) in loops {
-                let _ = Command::new("losetup").arg("-d").arg(dev).status();
-            }
-        }
         self.forwarder = None;
         while let Some(mut c) = self.components.pop() {
             c.stop();
@@ -815,11 +813,16 @@ impl Drop for RealCluster {
 /// the loop devices the kubelet made to hold those open (their backing file is the device node
 /// itself: same device number and inode as `/dev/loopN`), then removes the cgroup `$2`
 /// (deepest first) in every hierarchy; bounded retries while killed processes finish exiting.
+///
+/// A backing file is matched by the folder's own name, not its whole path: once the node's
+/// mounts are gone, the kernel names a file relative to the mount it is on (a tmpfs `/tmp`).
 const CLEANUP: &str = r#"dir="$1"; cg="$2"
+[ -n "$dir" ] && [ -n "$cg" ] || exit 2
+mark="/$(basename "$dir")/hostpath/"
 ours=""
 for f in /sys/block/loop*/loop/backing_file; do
   [ -r "$f" ] || continue
-  case "$(cat "$f" 2>/dev/null)" in "$dir"/*) ours="$ours $(basename "$(dirname "$(dirname "$f")")")" ;; esac
+  case "$(cat "$f" 2>/dev/null)" in *"$mark"*) ours="$ours $(basename "$(dirname "$(dirname "$f")")")" ;; esac
 done
 for n in $ours; do
   node="$(stat -c '%Hd:%Ld %i' "/dev/$n" 2>/dev/null)" || continue
@@ -862,6 +865,19 @@ rm -rf -- "$1""#
         .spawn()
         .context("starting the node's janitor")?;
     Ok(())
+}
+
+fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> anyhow::Result<()> {
+    std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
+}
+
+fn make_dir(path: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))
+}
+
+/// `path` quoted for `sh`.
+fn quoted(path: &Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
 }
 
 fn cgroup_hierarchies() -> Vec<PathBuf> {

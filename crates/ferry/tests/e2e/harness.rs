@@ -107,7 +107,14 @@ impl World {
         let bucket = format!("e2e-{id}");
         let s3 = S3Server::shared();
         s3.create_bucket(&bucket)?;
-        create_bsl(&client, &bsl, &bucket, s3.endpoint()).await?;
+        velero_crs::create_bsl(
+            &client,
+            &bsl,
+            &bucket,
+            s3.endpoint(),
+            ("ferry-e2e", "ferry-e2e-secret"),
+        )
+        .await?;
         let mut world = Self {
             client,
             ns,
@@ -531,38 +538,6 @@ impl World {
         }
         Ok(())
     }
-}
-
-async fn create_bsl(
-    client: &Client,
-    name: &str,
-    bucket: &str,
-    endpoint: &str,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
-    let secret_name = format!("{name}-credentials");
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": { "name": secret_name, "namespace": VELERO_NAMESPACE },
-        "stringData": {
-            "cloud": "[default]\naws_access_key_id = ferry-e2e\naws_secret_access_key = ferry-e2e-secret\n",
-        },
-    }))?;
-    secrets.create(&PostParams::default(), &secret).await?;
-    let bsls: Api<ferry_api::BackupStorageLocation> =
-        Api::namespaced(client.clone(), VELERO_NAMESPACE);
-    let bsl: ferry_api::BackupStorageLocation = serde_json::from_value(json!({
-        "apiVersion": "velero.io/v1", "kind": "BackupStorageLocation",
-        "metadata": { "name": name, "namespace": VELERO_NAMESPACE },
-        "spec": {
-            "provider": "aws",
-            "objectStorage": { "bucket": bucket, "prefix": "velero" },
-            "config": { "region": "us-east-1", "s3Url": endpoint, "s3ForcePathStyle": "true" },
-            "credential": { "name": secret_name, "key": "cloud" },
-        },
-    }))?;
-    bsls.create(&PostParams::default(), &bsl).await?;
-    Ok(())
 }
 
 /// A tree of `files` pseudo-random files of `mib` MiB each (incompressible, unique per seed).

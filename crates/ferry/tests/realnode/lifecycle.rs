@@ -21,6 +21,7 @@ const AGENT_LABELS: &str = "app.kubernetes.io/name=ferry,app.kubernetes.io/compo
 #[tokio::test]
 async fn an_incremental_backup_after_a_change_stores_only_the_change() -> TestResult {
     let node = node::node();
+    let _agent = node::AGENT.read().await;
     let client = node.client()?;
     let ns = node.namespace("incr").await?;
     node::create_pvc(&client, &ns, "data", "64Mi", "Filesystem").await?;
@@ -63,6 +64,7 @@ dd if=/dev/urandom of=new bs=1k count=40 2>/dev/null; rm f7; sync";
 #[tokio::test]
 async fn the_agent_pod_deleted_mid_upload_comes_back_and_completes_it() -> TestResult {
     let node = node::node();
+    let _agent = node::AGENT.write().await;
     let client = node.client()?;
     let ns = node.namespace("restart").await?;
     node::create_pvc(&client, &ns, "big", "512Mi", "Filesystem").await?;
@@ -99,10 +101,26 @@ cd /data && for f in $(ls | sort); do echo \"$f $(md5sum < $f | cut -d' ' -f1)\"
     assert_eq!(agent.len(), 1, "one agent pod on the one node");
     let old = name_of(&agent[0]);
     pods.delete(&old, &DeleteParams::default()).await?;
+    // The old agent stops (it checkpoints, it does not finish the upload in its grace period)
+    // and is gone before the upload completes: the new pod the DaemonSet starts completes it.
+    let deadline = Instant::now() + WAIT;
+    while pods.get_opt(&old).await?.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the deleted agent pod {old} still exists after {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let status = uploads.get(&name).await?.status.unwrap_or_default();
+    assert_ne!(
+        status.phase,
+        Some(ferry_api::DataUploadPhase::Completed),
+        "the deleted agent finished the upload instead of handing it over: {status:?}"
+    );
 
     let du = node::wait_upload(&client, &name).await?;
-    let now = pods.list(&ListParams::default().labels(AGENT_LABELS)).await?.items;
-    assert!(now.iter().all(|p| name_of(p) != old), "the DaemonSet replaced the deleted pod");
+    let by = du.status.as_ref().map(|s| s.node.clone()).unwrap_or_default();
+    assert_eq!(by, ferry_testbed::realnode::NODE_NAME);
     node.cluster.wait_agent_ready(&client).await?;
 
     let target_ns = node.namespace("restart-restored").await?;
@@ -127,6 +145,7 @@ cd /data && for f in $(ls | sort); do echo \"$f $(md5sum < $f | cut -d' ' -f1)\"
 #[tokio::test]
 async fn a_user_sees_columns_events_and_metrics() -> TestResult {
     let node = node::node();
+    let _agent = node::AGENT.read().await;
     let client = node.client()?;
     let ns = node.namespace("seen").await?;
     node::create_pvc(&client, &ns, "data", "16Mi", "Filesystem").await?;
@@ -169,10 +188,17 @@ async fn a_user_sees_columns_events_and_metrics() -> TestResult {
     let agent = pods.list(&ListParams::default().labels(AGENT_LABELS)).await?.items;
     let ip = agent
         .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .find_map(|p| p.status.as_ref().and_then(|s| s.pod_ip.clone()))
         .ok_or("the agent's pod has no address")?;
     let metrics = http_get(node, SocketAddr::new(ip.parse()?, 8085), "/metrics")?;
-    assert!(metrics.contains("ferry_data_upload_success_total"), "{metrics}");
+    let node_label = format!("node=\"{}\"", ferry_testbed::realnode::NODE_NAME);
+    let uploads_done: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("ferry_data_upload_success_total{") && l.contains(&node_label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(uploads_done >= 1.0, "the agent counted this upload: {metrics}");
     Ok(())
 }
 

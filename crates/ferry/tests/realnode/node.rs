@@ -23,6 +23,12 @@ pub const MOVER: &str = "ferry";
 /// The BackupStorageLocation (Velero's default name).
 pub const BSL: &str = "default";
 const BUCKET: &str = "ferry-realnode";
+/// moto takes any key; the agents read these from the BSL's Secret, the CLI from the env.
+const CREDENTIALS: (&str, &str) = ("ferry-realnode", "ferry-realnode-secret");
+
+/// Held for reading by every test, for writing by a test that disrupts the agent (deletes its
+/// pod): the others never see their agent go away mid-test.
+pub static AGENT: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// The shared cluster with Ferry installed from its chart and a BSL on moto.
 pub struct Node {
@@ -65,7 +71,10 @@ async fn set_up() -> anyhow::Result<Node> {
     let relay = cluster.expose_host_port(port)?;
     let _ = RELAY.set(relay);
     let client = cluster.client()?;
-    create_bsl(&client, &format!("http://{}:{port}", realnode::NODE_IP)).await?;
+    let endpoint = format!("http://{}:{port}", realnode::NODE_IP);
+    velero_crs::create_bsl(&client, BSL, BUCKET, &endpoint, CREDENTIALS)
+        .await
+        .map_err(|e| anyhow::anyhow!("creating the storage location: {e}"))?;
     let binary = std::path::Path::new(env!("CARGO_BIN_EXE_ferry"));
     cluster
         .install_ferry(
@@ -74,32 +83,6 @@ async fn set_up() -> anyhow::Result<Node> {
         )
         .await?;
     Ok(Node { cluster, s3_endpoint: s3.endpoint().to_owned() })
-}
-
-async fn create_bsl(client: &Client, s3_url: &str) -> anyhow::Result<()> {
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": { "name": "cloud-credentials", "namespace": VELERO_NAMESPACE },
-        "stringData": { "cloud": "[default]\naws_access_key_id = ferry-realnode\naws_secret_access_key = ferry-realnode-secret\n" },
-    }))?;
-    Api::<Secret>::namespaced(client.clone(), VELERO_NAMESPACE)
-        .create(&PostParams::default(), &secret)
-        .await?;
-    let bsl: ferry_api::BackupStorageLocation = serde_json::from_value(json!({
-        "apiVersion": "velero.io/v1", "kind": "BackupStorageLocation",
-        "metadata": { "name": BSL, "namespace": VELERO_NAMESPACE },
-        "spec": {
-            "provider": "aws",
-            "objectStorage": { "bucket": BUCKET, "prefix": "velero" },
-            "config": { "region": "us-east-1", "s3Url": s3_url, "s3ForcePathStyle": "true" },
-            "credential": { "name": "cloud-credentials", "key": "cloud" },
-            "default": true,
-        },
-    }))?;
-    Api::<ferry_api::BackupStorageLocation>::namespaced(client.clone(), VELERO_NAMESPACE)
-        .create(&PostParams::default(), &bsl)
-        .await?;
-    Ok(())
 }
 
 impl Node {
@@ -111,19 +94,19 @@ impl Node {
         args: &[&str],
     ) -> Result<String, Box<dyn std::error::Error>> {
         let secrets: Api<Secret> = Api::namespaced(self.client()?, VELERO_NAMESPACE);
-        let secret = secrets.get("ferry-repo-credentials").await?;
+        let secret = secrets.get(ferry_mover::PASSWORD_SECRET).await?;
         let password = secret
             .data
-            .and_then(|d| d.get("repository-password").cloned())
-            .ok_or("ferry-repo-credentials has no repository-password")?;
+            .and_then(|d| d.get(ferry_mover::PASSWORD_KEY).cloned())
+            .ok_or("the repository password Secret has no password")?;
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
             .args(args)
             .arg("--repo")
             .arg(format!("s3://{BUCKET}/{}", ferry_mover::repository_prefix("velero", namespace)))
             .args(["--s3-endpoint", &self.s3_endpoint, "--s3-region", "us-east-1", "--no-cache"])
             .env("FERRY_PASSWORD", String::from_utf8(password.0)?)
-            .env("AWS_ACCESS_KEY_ID", "ferry-realnode")
-            .env("AWS_SECRET_ACCESS_KEY", "ferry-realnode-secret")
+            .env("AWS_ACCESS_KEY_ID", CREDENTIALS.0)
+            .env("AWS_SECRET_ACCESS_KEY", CREDENTIALS.1)
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .output()?;
         if !out.status.success() {
@@ -224,7 +207,40 @@ pub async fn run_pod(
     };
     pods.delete(&name, &Default::default()).await?;
     wait_gone(&pods, &name).await?;
+    // An ended pod leaves the API at once, before the kubelet has unmapped its volume: wait
+    // for that too, so a test that deletes the PVC next does not race the kubelet.
+    volume_released(client, ns, pvc).await?;
     Ok(result?)
+}
+
+/// Waits until the node no longer lists the volume of PVC `ns/pvc` in use.
+async fn volume_released(
+    client: &Client,
+    ns: &str,
+    pvc: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use ferry_api::k8s_openapi::api::core::v1::{Node as KubeNode, PersistentVolume};
+    let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns).get(pvc).await?;
+    let Some(volume) = claim.spec.and_then(|s| s.volume_name) else { return Ok(()) };
+    let pv = Api::<PersistentVolume>::all(client.clone()).get(&volume).await?;
+    let handle = pv.spec.and_then(|s| s.csi).map(|c| c.volume_handle).unwrap_or(volume);
+    let nodes: Api<KubeNode> = Api::all(client.clone());
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let in_use = nodes
+            .get(realnode::NODE_NAME)
+            .await?
+            .status
+            .and_then(|s| s.volumes_in_use)
+            .unwrap_or_default();
+        if !in_use.iter().any(|v| v.ends_with(&handle)) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the node still uses {handle} after {WAIT:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 async fn wait_gone<K>(api: &Api<K>, name: &str) -> Result<(), Box<dyn std::error::Error>>
@@ -332,27 +348,16 @@ pub async fn wait_upload(
     client: &Client,
     name: &str,
 ) -> Result<DataUpload, Box<dyn std::error::Error>> {
-    let api: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let du = api.get(name).await?;
+    use ferry_api::DataUploadPhase as P;
+    wait_done(client, name, |du: &DataUpload| {
         let status = du.status.clone().unwrap_or_default();
         match status.phase {
-            Some(ferry_api::DataUploadPhase::Completed) => return Ok(du),
-            Some(
-                p @ (ferry_api::DataUploadPhase::Failed | ferry_api::DataUploadPhase::Canceled),
-            ) => {
-                return Err(format!("DataUpload {name} {p:?}: {}", status.message).into());
-            }
-            _ => {}
+            Some(P::Completed) => Some(Ok(())),
+            Some(p @ (P::Failed | P::Canceled)) => Some(Err(format!("{p:?}: {}", status.message))),
+            _ => None,
         }
-        if Instant::now() > deadline {
-            return Err(
-                format!("DataUpload {name} not Completed after {WAIT:?}: {status:?}").into()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    })
+    .await
 }
 
 /// Waits until the DataDownload `name` is Completed; fails at once on Failed or Canceled.
@@ -360,34 +365,53 @@ pub async fn wait_download(
     client: &Client,
     name: &str,
 ) -> Result<DataDownload, Box<dyn std::error::Error>> {
-    let api: Api<DataDownload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let dd = api.get(name).await?;
+    use ferry_api::DataDownloadPhase as P;
+    wait_done(client, name, |dd: &DataDownload| {
         let status = dd.status.clone().unwrap_or_default();
         match status.phase {
-            Some(ferry_api::DataDownloadPhase::Completed) => return Ok(dd),
-            Some(
-                p @ (ferry_api::DataDownloadPhase::Failed | ferry_api::DataDownloadPhase::Canceled),
-            ) => {
-                return Err(format!("DataDownload {name} {p:?}: {}", status.message).into());
-            }
-            _ => {}
+            Some(P::Completed) => Some(Ok(())),
+            Some(p @ (P::Failed | P::Canceled)) => Some(Err(format!("{p:?}: {}", status.message))),
+            _ => None,
+        }
+    })
+    .await
+}
+
+/// Polls the CR `name` in Velero's namespace until `outcome` says it ended (`Ok`: as hoped).
+async fn wait_done<K>(
+    client: &Client,
+    name: &str,
+    outcome: impl Fn(&K) -> Option<Result<(), String>>,
+) -> Result<K, Box<dyn std::error::Error>>
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let object = api.get(name).await?;
+        match outcome(&object) {
+            Some(Ok(())) => return Ok(object),
+            Some(Err(why)) => return Err(format!("{} {name} {why}", K::kind(&())).into()),
+            None => {}
         }
         if Instant::now() > deadline {
             return Err(
-                format!("DataDownload {name} not Completed after {WAIT:?}: {status:?}").into()
+                format!("{} {name} not done after {WAIT:?}: {object:?}", K::kind(&())).into()
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
-/// A fresh 32-hex-digit identifier.
+/// A fresh 32-hex-digit identifier (std's per-instance random hash keys).
 pub fn uid() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.write_u64(0);
     let a = h.finish();
     h.write_u64(a);
     format!("{a:016x}{:016x}", h.finish())
@@ -420,7 +444,7 @@ pub async fn no_leaked_devices(node: &Node) -> TestResult {
             .collect();
         let leaked: Vec<(String, String)> = node
             .cluster
-            .loop_devices()?
+            .loop_devices()
             .into_iter()
             .filter(|(_, file)| !live.iter().any(|v| file.contains(v.as_str())))
             .collect();

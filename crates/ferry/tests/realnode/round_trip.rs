@@ -29,6 +29,7 @@ const BLOCK_MANIFEST: &str = "md5sum < /dev/volume | cut -d' ' -f1 > /dev/termin
 #[tokio::test]
 async fn filesystem_pvc_round_trip() -> TestResult {
     let node = node::node();
+    let _agent = node::AGENT.read().await;
     let client = node.client()?;
     let ns = node.namespace("fs").await?;
     node::create_pvc(&client, &ns, "data", "64Mi", "Filesystem").await?;
@@ -63,6 +64,7 @@ async fn filesystem_pvc_round_trip() -> TestResult {
 #[tokio::test]
 async fn block_pvc_round_trip() -> TestResult {
     let node = node::node();
+    let _agent = node::AGENT.read().await;
     let client = node.client()?;
     let ns = node.namespace("block").await?;
     node::create_pvc(&client, &ns, "disk", "32Mi", "Block").await?;

@@ -3,15 +3,54 @@
 //! the DataDownload that fills it. Shared by the simulator's and the real node's end-to-end
 //! tests.
 
-use ferry_api::k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use ferry_api::{DataDownload, DataUpload};
-use kube::ResourceExt;
+use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use ferry_api::{BackupStorageLocation, DataDownload, DataUpload};
+use ferry_testbed::VELERO_NAMESPACE;
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
 use serde_json::json;
 
 /// Where the data goes: the mover's name and the BackupStorageLocation.
 pub struct Mover<'a> {
     pub datamover: &'a str,
     pub bsl: &'a str,
+}
+
+/// Creates a BackupStorageLocation `name` on S3 at `endpoint` (bucket `bucket`, prefix
+/// `velero`, region us-east-1, path-style) with its credentials (`access_key`, `secret_key`) in
+/// the Secret `<name>-credentials`, key `cloud`, as `velero install` and users write them.
+pub async fn create_bsl(
+    client: &Client,
+    name: &str,
+    bucket: &str,
+    endpoint: &str,
+    (access_key, secret_key): (&str, &str),
+) -> Result<(), Box<dyn std::error::Error>> {
+    let secret_name = format!("{name}-credentials");
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": secret_name, "namespace": VELERO_NAMESPACE },
+        "stringData": {
+            "cloud": format!("[default]\naws_access_key_id = {access_key}\naws_secret_access_key = {secret_key}\n"),
+        },
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), VELERO_NAMESPACE)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let bsl: BackupStorageLocation = serde_json::from_value(json!({
+        "apiVersion": "velero.io/v1", "kind": "BackupStorageLocation",
+        "metadata": { "name": name, "namespace": VELERO_NAMESPACE },
+        "spec": {
+            "provider": "aws",
+            "objectStorage": { "bucket": bucket, "prefix": "velero" },
+            "config": { "region": "us-east-1", "s3Url": endpoint, "s3ForcePathStyle": "true" },
+            "credential": { "name": secret_name, "key": "cloud" },
+        },
+    }))?;
+    Api::<BackupStorageLocation>::namespaced(client.clone(), VELERO_NAMESPACE)
+        .create(&PostParams::default(), &bsl)
+        .await?;
+    Ok(())
 }
 
 /// The CSI classes and driver of the source volume's snapshot.
@@ -37,7 +76,7 @@ pub fn data_upload(
         "kind": "DataUpload",
         "metadata": {
             "generateName": format!("{backup}-"),
-            "namespace": ferry_testbed::VELERO_NAMESPACE,
+            "namespace": VELERO_NAMESPACE,
             "labels": {
                 "velero.io/backup-name": backup,
                 "velero.io/backup-uid": backup_uid,
@@ -104,7 +143,7 @@ pub fn data_download(
         "kind": "DataDownload",
         "metadata": {
             "generateName": format!("{restore}-"),
-            "namespace": ferry_testbed::VELERO_NAMESPACE,
+            "namespace": VELERO_NAMESPACE,
             "labels": {
                 "velero.io/restore-name": restore,
                 "velero.io/restore-uid": restore_uid,
