@@ -215,3 +215,110 @@ fn http_get(
     stream.read_to_string(&mut body)?;
     Ok(body)
 }
+
+/// Cancel from Velero (`spec.cancel`, as its plugin's Cancel() sets it) while the data moves:
+/// the upload ends Canceled, and the holding pod, its PVC, the backup snapshot and its content
+/// are gone, with the node releasing the volume (no leaked device or mount).
+#[tokio::test]
+async fn a_canceled_upload_ends_canceled_and_leaves_nothing() -> TestResult {
+    use ferry_api::k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    use ferry_api::{VolumeSnapshot, VolumeSnapshotContent};
+    use kube::api::{Patch, PatchParams};
+
+    let node = node::node();
+    let _agent = node::AGENT.read().await;
+    let client = node.client()?;
+    let ns = node.namespace("cancel").await?;
+    node::create_pvc(&client, &ns, "big", "512Mi", "Block").await?;
+    node::run_pod(
+        &client,
+        &ns,
+        "big",
+        true,
+        "dd if=/dev/urandom of=/dev/volume bs=1M count=400 conv=fsync 2>/dev/null",
+    )
+    .await?;
+    let snapshot = node::snapshot(&client, &ns, "big").await?;
+    let du = node::data_upload(&client, &ns, "big", &snapshot, "cancel").await?;
+    let name = name_of(&du);
+    let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = uploads.get(&name).await?.status.unwrap_or_default();
+        if status.progress.bytes_done > 0 {
+            break;
+        }
+        assert!(
+            status.phase != Some(ferry_api::DataUploadPhase::Completed),
+            "the upload ended before it could be canceled; make the volume larger"
+        );
+        assert!(Instant::now() < deadline, "no bytes moved within {WAIT:?}: {status:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    uploads
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": { "cancel": true } })),
+        )
+        .await?;
+    let deadline = Instant::now() + WAIT;
+    let du = loop {
+        let du = uploads.get(&name).await?;
+        let phase = du.status.as_ref().and_then(|s| s.phase);
+        if matches!(
+            phase,
+            Some(
+                ferry_api::DataUploadPhase::Canceled
+                    | ferry_api::DataUploadPhase::Completed
+                    | ferry_api::DataUploadPhase::Failed
+            )
+        ) {
+            break du;
+        }
+        assert!(Instant::now() < deadline, "not ended {WAIT:?} after cancel: {:?}", du.status);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let status = du.status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Some(ferry_api::DataUploadPhase::Canceled), "{status:?}");
+    assert!(status.message.contains("cancel"), "the message says why: {}", status.message);
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let snapshots: Api<VolumeSnapshot> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let contents: Api<VolumeSnapshotContent> = Api::all(client.clone());
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut left = Vec::new();
+        if pods.get_opt(&name).await?.is_some() {
+            left.push("holding pod");
+        }
+        if pvcs.get_opt(&name).await?.is_some() {
+            left.push("backup PVC");
+        }
+        if snapshots.get_opt(&name).await?.is_some() {
+            left.push("backup VolumeSnapshot");
+        }
+        if contents.get_opt(&name).await?.is_some() {
+            left.push("backup VolumeSnapshotContent");
+        }
+        if uploads
+            .get(&name)
+            .await?
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .iter()
+            .any(|f| f.starts_with("ferry"))
+        {
+            left.push("Ferry's finalizer");
+        }
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left {WAIT:?} after cancel: {left:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    node::delete_pvc(&client, &ns, "big").await?;
+    node::no_leaked_devices(node).await
+}
