@@ -738,6 +738,22 @@ fileCheckFrequency: 10s
         self.dir.path()
     }
 
+    /// A kubeconfig for programs inside the node: the API server at the `kubernetes` Service,
+    /// verified with the cluster's CA, admin rights.
+    #[must_use]
+    pub fn node_kubeconfig(&self) -> &Path {
+        &self.kubelet_kubeconfig
+    }
+
+    /// Starts `cmd` inside the node's namespaces (as a pod's process sees the network and the
+    /// mounts); it dies with the test binary, and with the node.
+    ///
+    /// # Errors
+    /// The spawn failed.
+    pub fn spawn_inside(&self, name: &str, cmd: Command) -> anyhow::Result<Guarded> {
+        self.ns().spawn(name, cmd)
+    }
+
     /// A kubeconfig for the cluster's API server on the host's loopback.
     #[must_use]
     pub fn kubeconfig(&self) -> &Path {

@@ -169,6 +169,31 @@ impl VeleroServer {
     /// Velero is not built, cannot start, or exits or stays silent for 120 s; the error
     /// carries the server's log tail.
     pub fn start(cp: &ControlPlane, options: &VeleroOptions) -> anyhow::Result<Self> {
+        Self::launch(cp, options, cp.kubeconfig(), |cmd| process::spawn("velero server", cmd))
+    }
+
+    /// Starts `velero server` as it runs in a cluster: inside the real node's network and mount
+    /// namespaces (it reaches the API server at the `kubernetes` Service and the storage
+    /// locations at the addresses pods use), its plugins started there too.
+    ///
+    /// # Errors
+    /// As [`VeleroServer::start`].
+    pub fn start_on_node(
+        cluster: &crate::realnode::RealCluster,
+        options: &VeleroOptions,
+    ) -> anyhow::Result<Self> {
+        let cp = cluster.control_plane();
+        Self::launch(cp, options, cluster.node_kubeconfig(), |cmd| {
+            cluster.spawn_inside("velero server", cmd)
+        })
+    }
+
+    fn launch(
+        cp: &ControlPlane,
+        options: &VeleroOptions,
+        server_kubeconfig: &Path,
+        spawn: impl FnOnce(Command) -> anyhow::Result<Guarded>,
+    ) -> anyhow::Result<Self> {
         let velero = velero_dir()?;
         apply(cp, &deployment_yaml()).context("creating the velero Deployment object")?;
         let dir = tempfile::Builder::new().prefix("ferry-velero-").tempdir()?;
@@ -186,7 +211,7 @@ impl VeleroServer {
         let mut cmd = Command::new(velero.join("velero"));
         cmd.arg("server")
             .arg("--kubeconfig")
-            .arg(cp.kubeconfig())
+            .arg(server_kubeconfig)
             .args(["--namespace", VELERO_NAMESPACE])
             .arg("--plugin-dir")
             .arg(&plugins)
@@ -206,7 +231,7 @@ impl VeleroServer {
             .env("TMPDIR", &tmp)
             .env("HOME", &home)
             // Plugins inherit the server's environment, as in Velero's pod.
-            .env("KUBECONFIG", cp.kubeconfig())
+            .env("KUBECONFIG", server_kubeconfig)
             .env("VELERO_NAMESPACE", VELERO_NAMESPACE)
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .stdin(Stdio::null())
@@ -215,7 +240,7 @@ impl VeleroServer {
         // Its own process group, so that stopping it also stops the plugin processes it
         // started (go-plugin does not take them down when the server is killed).
         cmd.process_group(0);
-        let server = process::spawn("velero server", cmd)?;
+        let server = spawn(cmd)?;
         process::remove_on_exit(dir.path())?;
         let mut started = Self {
             server,

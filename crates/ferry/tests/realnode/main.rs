@@ -10,5 +10,6 @@
 mod lifecycle;
 mod node;
 mod round_trip;
+mod velero;
 #[path = "../support/velero_crs.rs"]
 mod velero_crs;

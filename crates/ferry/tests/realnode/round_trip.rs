@@ -20,11 +20,11 @@ sync
 "#;
 
 /// Random data at two places of the device; the manifest is the MD5 of the whole device.
-const BLOCK_WRITE: &str = "set -e
+pub const BLOCK_WRITE: &str = "set -e
 dd if=/dev/urandom of=/dev/volume bs=1M count=4 seek=2 conv=fsync 2>/dev/null
 dd if=/dev/urandom of=/dev/volume bs=4k count=3 seek=5000 conv=fsync 2>/dev/null
 ";
-const BLOCK_MANIFEST: &str = "md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log";
+pub const BLOCK_MANIFEST: &str = "md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log";
 
 #[tokio::test]
 async fn filesystem_pvc_round_trip() -> TestResult {
