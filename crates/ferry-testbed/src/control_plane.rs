@@ -84,18 +84,11 @@ impl ControlPlane {
     pub fn shared() -> &'static ControlPlane {
         static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
         let started = SHARED.get_or_init(|| {
-            // A thread of its own, so this works from inside any test's runtime.
-            std::thread::spawn(|| {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| e.to_string())?;
-                let cp = rt.block_on(Self::start()).map_err(|e| format!("{e:#}"))?;
-                process::remove_on_exit(cp.dir.path()).map_err(|e| format!("{e:#}"))?;
+            process::run_on_own_thread(|| async {
+                let cp = Self::start().await?;
+                process::remove_on_exit(cp.dir.path())?;
                 Ok(cp)
             })
-            .join()
-            .unwrap_or_else(|_| Err("control plane start panicked".into()))
         });
         match started {
             Ok(cp) => cp,

@@ -156,3 +156,26 @@ pub fn free_port() -> anyhow::Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }
+
+/// Runs the future `make` returns to its end on a thread of its own with a fresh runtime, so a
+/// shared service can be started from inside any test's runtime; an error comes back as its
+/// text.
+///
+/// # Errors
+/// The runtime could not be built, the future failed, or it panicked.
+pub fn run_on_own_thread<T, F, Fut>(make: F) -> Result<T, String>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+    T: Send + 'static,
+{
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(make()).map_err(|e| format!("{e:#}"))
+    })
+    .join()
+    .unwrap_or_else(|_| Err("panicked".into()))
+}

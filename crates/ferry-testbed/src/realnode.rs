@@ -116,17 +116,7 @@ impl RealCluster {
     #[must_use]
     pub fn shared() -> &'static RealCluster {
         static SHARED: OnceLock<Result<RealCluster, String>> = OnceLock::new();
-        let started = SHARED.get_or_init(|| {
-            std::thread::spawn(|| {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| e.to_string())?;
-                rt.block_on(Self::start()).map_err(|e| format!("{e:#}"))
-            })
-            .join()
-            .unwrap_or_else(|_| Err("real cluster start panicked".into()))
-        });
+        let started = SHARED.get_or_init(|| process::run_on_own_thread(Self::start));
         match started {
             Ok(c) => c,
             Err(e) => panic!("real cluster unavailable: {e}"),

@@ -82,20 +82,8 @@ cd /data && for f in $(ls | sort); do echo \"$f $(md5sum < $f | cut -d' ' -f1)\"
     let name = name_of(&du);
 
     // Wait until bytes move, then delete the agent's pod.
+    node::wait_bytes_moving(&client, &name).await?;
     let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let status = uploads.get(&name).await?.status.unwrap_or_default();
-        if status.progress.bytes_done > 0 {
-            break;
-        }
-        assert!(
-            status.phase != Some(ferry_api::DataUploadPhase::Completed),
-            "the upload ended before the agent could be deleted; make the volume larger"
-        );
-        assert!(Instant::now() < deadline, "no bytes moved within {WAIT:?}: {status:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
     let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let agent = pods.list(&ListParams::default().labels(AGENT_LABELS)).await?.items;
     assert_eq!(agent.len(), 1, "one agent pod on the one node");
@@ -241,20 +229,8 @@ async fn a_canceled_upload_ends_canceled_and_leaves_nothing() -> TestResult {
     let snapshot = node::snapshot(&client, &ns, "big").await?;
     let du = node::data_upload(&client, &ns, "big", &snapshot, "cancel").await?;
     let name = name_of(&du);
+    node::wait_bytes_moving(&client, &name).await?;
     let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let status = uploads.get(&name).await?.status.unwrap_or_default();
-        if status.progress.bytes_done > 0 {
-            break;
-        }
-        assert!(
-            status.phase != Some(ferry_api::DataUploadPhase::Completed),
-            "the upload ended before it could be canceled; make the volume larger"
-        );
-        assert!(Instant::now() < deadline, "no bytes moved within {WAIT:?}: {status:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
     uploads
         .patch(
             &name,

@@ -43,17 +43,7 @@ pub struct Node {
 /// If the cluster, S3 or Ferry's installation fails; the message says why.
 pub fn node() -> &'static Node {
     static NODE: OnceLock<Result<Node, String>> = OnceLock::new();
-    let node = NODE.get_or_init(|| {
-        std::thread::spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            rt.block_on(set_up()).map_err(|e| format!("{e:#}"))
-        })
-        .join()
-        .unwrap_or_else(|_| Err("setting up the real node panicked".into()))
-    });
+    let node = NODE.get_or_init(|| ferry_testbed::process::run_on_own_thread(set_up));
     match node {
         Ok(n) => n,
         Err(e) => panic!("real node unavailable: {e}"),
@@ -465,4 +455,26 @@ pub async fn delete_pvc(client: &Client, ns: &str, name: &str) -> TestResult {
     let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     api.delete(name, &Default::default()).await?;
     wait_gone(&api, name).await
+}
+
+/// Waits until the DataUpload `name` has moved bytes (and has not ended): the moment to disturb
+/// it.
+pub async fn wait_bytes_moving(client: &Client, name: &str) -> TestResult {
+    let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = uploads.get(name).await?.status.unwrap_or_default();
+        if status.progress.bytes_done > 0 {
+            return Ok(());
+        }
+        if status.phase == Some(ferry_api::DataUploadPhase::Completed) {
+            return Err(
+                "the upload ended before it could be disturbed; make the volume larger".into()
+            );
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no bytes moved within {WAIT:?}: {status:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
