@@ -36,5 +36,5 @@ realnode: control-plane
 	scripts/build-realnode.sh >/dev/null
 
 ## make demo: sets everything up, then runs Ferry end to end with visible progress.
-demo: control-plane
+demo: realnode
 	DEMO_ARGS="$(DEMO_ARGS)" scripts/demo.sh

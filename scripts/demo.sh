@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # `make demo`: Ferry's main job end to end on one machine, with visible progress.
 #
-# Starts a real control plane (kube-apiserver + etcd with Velero's and the CSI snapshot CRDs),
-# an S3 server (moto), three simulated nodes (kubelet, scheduler, CSI driver on real loop
-# devices with ext4) and a `ferry agent` per node. An application's volume is backed up through
-# a DataUpload exactly as Velero's CSI plugin creates it, changed and backed up again
-# incrementally, then restored through a DataDownload into a new PVC and compared file by file
-# with the source; the repository is verified with the ferry CLI. Everything is torn down at
-# the end, also on failure or Ctrl-C.
+# Starts a real node on this machine (kube-apiserver, kubelet with containerd and runc, the CSI
+# hostpath driver with its sidecars, scheduler and controllers, all inside namespaces of their
+# own), an S3 server (moto), installs Ferry from its Helm chart as an image of the ferry binary,
+# and runs the real `velero server` on the node. An application pod fills a PVC; `velero backup
+# create --snapshot-move-data --data-mover ferry` backs it up (Ferry moves the data, with live
+# progress), again after a change (incrementally); `velero restore create` restores it into
+# another namespace, and the restored volume is compared file by file with the source; the
+# repository is verified with the ferry CLI. Where the real node cannot start (it needs root
+# and cgroup v1 or hybrid), the demo says why and runs on the node simulator instead
+# (`--sim` asks for it). Everything is torn down at the end, also on failure or Ctrl-C.
 #
 # Options go to ferry-demo: `make demo DEMO_ARGS="--size 1024 --files 5000"`.
 set -euo pipefail

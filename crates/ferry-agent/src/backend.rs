@@ -6,6 +6,7 @@
 //! [`DataMover`] moves the bytes between that volume and the repository.
 
 use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,16 +112,33 @@ pub enum VolumeMode {
 }
 
 /// An exposed volume as the data path sees it on this node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ExposedVolume {
     /// The node it is on.
     pub node: String,
     /// The mount directory (file system) or device node (block) on this node.
     pub path: PathBuf,
+    /// What was found and checked at `path` when the volume was located (the mount root, the
+    /// device node), held open (`O_PATH` is enough). The data path reaches the volume only
+    /// through it, never by `path` again: if the volume is unmounted after it was located,
+    /// nothing is read from or written to whatever is at `path` then (the node's own disk).
+    /// `None` once [released](Self::release); the data path refuses a volume without it.
+    pub root: Option<Arc<OwnedFd>>,
+    /// What holds the volume exposed, in the exposer's terms (the holding pod's UID):
+    /// [`Exposer::still_held`] checks that this very holder still does.
+    pub holder: String,
     /// File system or block.
     pub mode: VolumeMode,
     /// The node's operating system, reported in a DataUpload's `status.nodeOS`.
     pub node_os: NodeOs,
+}
+
+impl ExposedVolume {
+    /// Lets go of [`Self::root`] once the data has moved, so that this agent no longer keeps
+    /// the volume mounted (unmounting a volume someone holds open fails until it is closed).
+    pub fn release(&mut self) {
+        self.root = None;
+    }
 }
 
 /// Makes the volume of one kind of CR (`C` is [`DataUpload`] or [`DataDownload`]) reachable
@@ -144,6 +162,16 @@ pub trait Exposer<C: Send + Sync + 'static>: Send + Sync + 'static {
     /// # Errors
     /// [`WorkError::Failed`] when the volume can never become ready (the pod failed).
     async fn locate(&self, cr: &C, node: &str) -> Result<Option<ExposedVolume>, WorkError>;
+
+    /// Whether the volume [`Exposer::locate`] found is still held exposed by the same holder.
+    /// Asked periodically from when the volume was located until the data has moved, and once
+    /// more before the CR completes.
+    ///
+    /// # Errors
+    /// [`WorkError::Failed`] with the reason when the holder went away or is going (deleted,
+    /// evicted, replaced, failed): the data path is stopped and the CR fails, never completes
+    /// with data missing.
+    async fn still_held(&self, cr: &C, volume: &ExposedVolume) -> Result<(), WorkError>;
 
     /// Runs after the data moved successfully and before the CR is Completed (restores
     /// rebind the restored volume to the target PVC here). The default does nothing.

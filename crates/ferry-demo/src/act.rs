@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use ferry_api::{DataDownload, DataUpload};
-use ferry_sim::{Binding, VolumeMode};
+use ferry_sim::Binding;
 use ferry_testbed::VELERO_NAMESPACE;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
-use crate::dataset;
 use crate::watch::{self, Finished, Watched};
 use crate::world::{ACCESS_KEY, SECRET_KEY, World};
+use crate::{dataset, volumes};
 
 /// How long the simulator gets for a snapshot or a volume to be ready.
 const READY: Duration = Duration::from_secs(120);
@@ -41,6 +41,8 @@ pub struct Options {
     /// Where the simulated nodes keep their volumes, snapshots and mounts (default: the temp
     /// folder).
     pub sim_dir: Option<std::path::PathBuf>,
+    /// Run on the node simulator instead of a real node.
+    pub sim: bool,
 }
 
 /// One finished transfer, for the summary.
@@ -94,31 +96,60 @@ pub fn mb(bytes: u64) -> String {
 pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyhow::Result<()> {
     let mut steps = Steps { n: 0, start: Instant::now() };
 
-    steps.say("A local Kubernetes control plane: kube-apiserver + etcd, Velero's and the CSI snapshot CRDs");
-    let cp = world.start_control_plane().await?;
-    println!("  API server at {}", cp.url());
+    let real = if opts.sim {
+        None
+    } else {
+        steps.say("A real Kubernetes node on this machine: kube-apiserver, kubelet with containerd and runc, the CSI hostpath driver with its provisioner and snapshotter, scheduler and controllers");
+        match world.start_real_node().await {
+            Ok(node) => Some(node.control_plane().url().to_owned()),
+            Err(e) => {
+                println!("  \x1b[1;33mthe real node cannot start here: {e:#}\x1b[0m");
+                println!("  falling back to the node simulator");
+                None
+            }
+        }
+    };
+    if let Some(url) = &real {
+        println!("  API server at {url}, node {} Ready", ferry_testbed::realnode::NODE_NAME);
+    } else {
+        steps.say("A local Kubernetes control plane: kube-apiserver + etcd, Velero's and the CSI snapshot CRDs");
+        let cp = world.start_control_plane().await?;
+        println!("  API server at {}", cp.url());
+    }
 
     let server = if opts.minio.is_some() { "MinIO" } else { "moto" };
     steps.say(&format!("An S3 server ({server}) with a bucket for backups"));
     let s3 = world.start_s3(opts.minio.as_deref())?;
     println!("  S3 at {}, bucket {}", s3.endpoint(), crate::world::BUCKET);
 
-    steps.say("Three simulated nodes: kubelet, scheduler, CSI driver with loop devices and ext4");
-    let sim = world.start_sim(opts.sim_dir.as_deref()).await?;
-    println!(
-        "  nodes {}, storage class {}",
-        sim.nodes().join(", "),
-        sim.storage_class(Binding::Immediate)
-    );
-
-    steps.say(&format!(
-        "Velero {} (`velero server`, built from source) with its default BackupStorageLocation, and a `ferry agent` on every node",
-        ferry_testbed::velero::VELERO_VERSION
-    ));
-    world.create_bsl().await?;
-    world.start_agents(&opts.ferry)?;
-    for (node, agent) in &world.agents {
-        println!("  ferry agent on {node}: pid {}", agent.pid());
+    if real.is_some() {
+        steps.say("Ferry installed as users install it: an image of the ferry binary, `helm template deploy/helm/ferry | kubectl apply`");
+        let image = world.install_ferry(&opts.ferry).await?;
+        println!("  image {image}; the agent DaemonSet's pod is Ready on the node");
+        steps.say(&format!(
+            "Velero {} (`velero server`, built from source, running on the node) with its default BackupStorageLocation",
+            ferry_testbed::velero::VELERO_VERSION
+        ));
+        world.create_bsl().await?;
+    } else {
+        steps.say(
+            "Three simulated nodes: kubelet, scheduler, CSI driver with loop devices and ext4",
+        );
+        let sim = world.start_sim(opts.sim_dir.as_deref()).await?;
+        println!(
+            "  nodes {}, storage class {}",
+            sim.nodes().join(", "),
+            sim.storage_class(Binding::Immediate)
+        );
+        steps.say(&format!(
+            "Velero {} (`velero server`, built from source) with its default BackupStorageLocation, and a `ferry agent` on every node",
+            ferry_testbed::velero::VELERO_VERSION
+        ));
+        world.create_bsl().await?;
+        world.start_agents(&opts.ferry)?;
+        for (node, agent) in &world.agents {
+            println!("  ferry agent on {node}: pid {}", agent.pid());
+        }
     }
     let velero = world.start_velero().await?;
     println!("  velero server running; its log: {}", velero.log_path().display());
@@ -139,13 +170,12 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
     ));
     let tree = dataset::generate(opts.size_mib, opts.files, 2025);
     let size = format!("{}Mi", opts.size_mib * 3 / 2 + 64);
-    let sim = world.sim()?;
     let ns = world.namespace.clone();
-    sim.create_pvc(&ns, PVC, &size, VolumeMode::Filesystem, Binding::Immediate).await?;
-    sim.wait_pvc_bound(&ns, PVC, READY).await?;
-    sim.write_files(&ns, PVC, &tree).await.context("writing the data set")?;
+    volumes::create(world, &ns, PVC, &size).await?;
+    volumes::write(world, &ns, PVC, &tree).await.context("writing the data set")?;
     let (files, bytes) = dataset::count(&tree);
-    println!("  namespace {ns}: {files} files, {} written ({size} volume)", mb(bytes));
+    let by = if world.real().is_some() { " by an application pod" } else { "" };
+    println!("  namespace {ns}: {files} files, {} written{by} ({size} volume)", mb(bytes));
     if opts.bench {
         // The data set was written moments ago: its write-back to disk would compete with the
         // first backup's reads (the bare backup's turn comes on a quiet disk).
@@ -180,7 +210,7 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
         "A day of changes: three logs grow, 1 MiB of the database is rewritten, a new document",
     );
     let (changed, after) = dataset::change(&tree, 7);
-    world.sim()?.write_files(&ns, PVC, &changed).await.context("changing the data")?;
+    volumes::write(world, &ns, PVC, &changed).await.context("changing the data")?;
     println!("  {} entries changed", changed.entries.len());
 
     steps.say("Second backup, incremental against the first: velero backup create nightly-2 ...");
@@ -201,9 +231,15 @@ pub async fn run(world: &mut World, opts: &Options, report: &mut Report) -> anyh
     let bound = pvcs.get(PVC).await?;
     let pv = bound.spec.and_then(|s| s.volume_name).unwrap_or_default();
     println!("  {target}/{PVC} is bound to {pv}");
-    let got = world.sim()?.read_files(&target, PVC).await.context("reading the restored volume")?;
+    let got = volumes::read(world, &target, PVC).await.context("reading the restored volume")?;
+    // What the application's volume holds now (on the real node the application pod wrote
+    // it; on the simulator exactly the data set).
+    let source = match world.real() {
+        Some(_) => volumes::read(world, &ns, PVC).await.context("reading the source volume")?,
+        None => after,
+    };
     (report.files, report.bytes) = dataset::count(&got);
-    report.differences = dataset::differences(&after, &got, 20);
+    report.differences = dataset::differences(&source, &got, 20);
     if report.differences.is_empty() {
         println!(
             "  identical: {} files, {}, modes, owners and times",

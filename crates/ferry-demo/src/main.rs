@@ -1,17 +1,19 @@
 //! `ferry-demo`: Ferry's main job end to end on one machine, with visible progress.
 //!
-//! It starts a real control plane (kube-apiserver + etcd with Velero's CRDs), an S3 server
-//! (moto), the node simulator (three nodes with real loop devices and ext4 volumes) and one
-//! `ferry agent` per node; fills a PVC with an application's data; backs it up through a
-//! DataUpload as Velero's CSI plugin creates it, changes it and backs it up again
-//! incrementally; restores the second snapshot through a DataDownload into a new PVC and
-//! compares it with the source, file by file. Everything is torn down at the end, also on
-//! failure and on Ctrl-C. Exit status: 0 when the restore is identical, 1 otherwise, 130 when
-//! interrupted.
+//! It starts a real node (control plane, kubelet with containerd, the CSI hostpath driver; see
+//! `ferry_testbed::realnode`), an S3 server (moto or MinIO), installs Ferry from its Helm chart
+//! and runs the real `velero server` on the node; an application pod fills a PVC; `velero
+//! backup create --snapshot-move-data --data-mover ferry` backs it up through Ferry, again
+//! incrementally after a change; `velero restore create` restores it into another namespace,
+//! and the restored volume is compared with the source file by file. Where the real node cannot
+//! start, it says why and runs on the node simulator (three simulated nodes, one `ferry agent`
+//! each). Everything is torn down at the end, also on failure and on Ctrl-C. Exit status: 0
+//! when the restore is identical, 1 otherwise, 130 when interrupted.
 
 mod act;
 mod bench;
 mod dataset;
+mod volumes;
 mod watch;
 mod world;
 
@@ -25,7 +27,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::act::{Options, Report, mb, rate};
 use crate::world::World;
 
-/// Ferry end to end: DataUpload and DataDownload through `ferry agent` on simulated nodes.
+/// Ferry end to end: Velero backs up and restores a PVC through Ferry, installed from its chart
+/// on a real node (or the node simulator).
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
@@ -52,6 +55,11 @@ struct Args {
     /// copying it.
     #[arg(long, value_name = "DIR")]
     sim_dir: Option<PathBuf>,
+    /// Run on the node simulator (three simulated nodes, one `ferry agent` process each)
+    /// instead of a real node; `--bench` and `--sim-dir` imply it. Without it the demo falls
+    /// back to the simulator only when the real node cannot start here, and says why.
+    #[arg(long)]
+    sim: bool,
 }
 
 fn main() -> ExitCode {
@@ -70,6 +78,7 @@ fn main() -> ExitCode {
         files: usize::try_from(args.files).unwrap_or(usize::MAX),
         bench: args.bench,
         minio: args.minio,
+        sim: args.sim || args.bench || args.sim_dir.is_some(),
         sim_dir: args.sim_dir,
     };
     let runtime =
@@ -123,7 +132,7 @@ async fn demo(opts: Options) -> ExitCode {
         eprintln!("\nferry-demo: {signal} received, tearing down");
     }
     println!(
-        "\n\x1b[1mTearing down: agents, simulator (mounts, loop devices), S3, control plane\x1b[0m"
+        "\n\x1b[1mTearing down: Velero, Ferry, the nodes (mounts, loop devices, cgroups), S3, control plane\x1b[0m"
     );
     let problems = world.teardown().await;
     for p in &problems {

@@ -1,7 +1,9 @@
-//! The demo's cluster: a control plane, moto, the node simulator, one `ferry agent` per
-//! simulated node and the real `velero server`. Every part is owned here and torn down by [`World::teardown`] (or by the
-//! parts' own `Drop` guards when the process unwinds); children spawned through
-//! `ferry_testbed::process` also die with the demo when it is killed.
+//! The demo's cluster: a real node (kubelet, containerd, the CSI hostpath driver; see
+//! `ferry_testbed::realnode`) with Ferry installed from its chart, or, where that node cannot
+//! start, a control plane with the node simulator and one `ferry agent` per simulated node;
+//! moto or MinIO; the real `velero server`. Every part is owned here and torn down by
+//! [`World::teardown`] (or by the parts' own `Drop` guards when the process unwinds); children
+//! spawned through `ferry_testbed::process` also die with the demo when it is killed.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -11,7 +13,9 @@ use anyhow::Context;
 use ferry_api::VolumeSnapshotClass;
 use ferry_sim::velero::{S3Location, Velero};
 use ferry_sim::{NodeSim, SimConfig};
+use ferry_testbed::netns::Forwarder;
 use ferry_testbed::process::{self, Guarded};
+use ferry_testbed::realnode::{self, RealCluster};
 use ferry_testbed::velero::{VeleroOptions, VeleroServer};
 use ferry_testbed::{ControlPlane, S3Server, VELERO_NAMESPACE};
 use kube::api::{Api, Patch, PatchParams};
@@ -32,6 +36,11 @@ pub const SECRET_KEY: &str = "ferry-demo-secret";
 /// Everything running; parts are `None` until started and after teardown.
 #[derive(Debug, Default)]
 pub struct World {
+    /// The real node with its control plane (the default).
+    pub node: Option<RealCluster>,
+    /// S3 as the node reaches it.
+    relay: Option<Forwarder>,
+    /// The control plane of the simulator's world.
     pub cp: Option<ControlPlane>,
     pub s3: Option<S3Server>,
     pub sim: Option<NodeSim>,
@@ -45,7 +54,32 @@ pub struct World {
 
 impl World {
     pub fn cp(&self) -> anyhow::Result<&ControlPlane> {
-        self.cp.as_ref().context("the control plane is not running")
+        match &self.node {
+            Some(node) => Ok(node.control_plane()),
+            None => self.cp.as_ref().context("the control plane is not running"),
+        }
+    }
+
+    /// The real node, when the demo runs on one.
+    pub fn real(&self) -> Option<&RealCluster> {
+        self.node.as_ref()
+    }
+
+    /// Starts the real node with its control plane and Velero's CRDs.
+    pub async fn start_real_node(&mut self) -> anyhow::Result<&RealCluster> {
+        let node = RealCluster::start().await?;
+        ferry_testbed::velero::install_crds(node.control_plane())
+            .context("installing Velero's CRDs")?;
+        let namespace = node.control_plane().unique_namespace("shop").await?;
+        self.restore_namespace = format!("{namespace}-restored");
+        self.namespace = namespace;
+        Ok(self.node.insert(node))
+    }
+
+    /// Installs Ferry from its chart on the real node, as an image of `ferry`.
+    pub async fn install_ferry(&mut self, ferry: &Path) -> anyhow::Result<String> {
+        let node = self.node.as_ref().context("no real node")?;
+        node.install_ferry(ferry, &["agent.extraArgs={--progress-interval,1s}"]).await
     }
 
     pub fn s3(&self) -> anyhow::Result<&S3Server> {
@@ -88,13 +122,19 @@ impl World {
     /// labels the simulator's VolumeSnapshotClass for Velero's CSI support.
     pub async fn start_velero(&mut self) -> anyhow::Result<&VeleroServer> {
         let classes: Api<VolumeSnapshotClass> = Api::all(self.client()?);
-        let class = self.sim()?.snapshot_class().to_owned();
+        let class = match &self.node {
+            Some(_) => realnode::SNAPSHOT_CLASS.to_owned(),
+            None => self.sim()?.snapshot_class().to_owned(),
+        };
         let label = serde_json::json!({"metadata": {"labels": {
             "velero.io/csi-volumesnapshot-class": "true"
         }}});
         classes.patch(&class, &PatchParams::default(), &Patch::Merge(&label)).await?;
-        let server = VeleroServer::start(self.cp()?, &VeleroOptions::default())
-            .context("starting velero server")?;
+        let server = match &self.node {
+            Some(node) => VeleroServer::start_on_node(node, &VeleroOptions::default()),
+            None => VeleroServer::start(self.cp()?, &VeleroOptions::default()),
+        }
+        .context("starting velero server")?;
         process::remove_on_exit(server.dir())?;
         Ok(self.velero_server.insert(server))
     }
@@ -117,6 +157,10 @@ impl World {
             process::remove_on_exit(dir)?;
         }
         s3.create_bucket(BUCKET)?;
+        if let Some(node) = &self.node {
+            let port: u16 = s3.endpoint().rsplit(':').next().unwrap_or_default().parse()?;
+            self.relay = Some(node.expose_host_port(port)?);
+        }
         Ok(self.s3.insert(s3))
     }
 
@@ -139,10 +183,19 @@ impl World {
     }
 
     pub async fn create_bsl(&self) -> anyhow::Result<()> {
+        let endpoint = self.s3()?.endpoint();
+        let endpoint = match &self.node {
+            // Velero and the agents run on the node: they reach S3 through its relay.
+            Some(_) => {
+                let port = endpoint.rsplit(':').next().unwrap_or_default();
+                format!("http://{}:{port}", realnode::NODE_IP)
+            }
+            None => endpoint.to_owned(),
+        };
         let location = S3Location {
             bucket: BUCKET.into(),
             prefix: PREFIX.into(),
-            endpoint: self.s3()?.endpoint().into(),
+            endpoint,
             region: "us-east-1".into(),
             access_key: ACCESS_KEY.into(),
             secret_key: SECRET_KEY.into(),
@@ -191,8 +244,11 @@ impl World {
         dead
     }
 
-    /// The last `lines` lines of every agent's log.
+    /// The last `lines` lines of every agent's log (on the real node: of its components).
     pub fn agent_logs(&self, lines: usize) -> String {
+        if let Some(node) = &self.node {
+            return node.log_tail();
+        }
         let Some(dir) = &self.logs else { return String::new() };
         let mut out = String::new();
         for (node, _) in &self.agents {
@@ -218,6 +274,9 @@ impl World {
             agent.stop();
         }
         self.agents.clear();
+        self.relay = None;
+        // Its drop stops every process and removes its mounts, loop devices and cgroups.
+        self.node = None;
         if let Some(sim) = self.sim.take() {
             let dir = sim.dir().to_owned();
             match tokio::time::timeout(Duration::from_secs(90), sim.shutdown()).await {

@@ -1,5 +1,6 @@
-//! `make demo` keeps working: the demo program runs the whole story on a small data set, and
-//! ends with the restored volume identical to the source and nothing left behind.
+//! `make demo` keeps working: the demo program runs the whole story on a small data set, on
+//! the real node and on the simulator, and ends with the restored volume identical to the
+//! source and nothing left behind.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -13,8 +14,8 @@ fn ferry_binary() -> PathBuf {
     profile_dir.join("ferry")
 }
 
-#[test]
-fn the_demo_backs_up_and_restores_a_volume_through_the_agents() {
+/// Runs the demo on a small data set with `extra` options; returns its standard output.
+fn run_demo(extra: &[&str]) -> String {
     let ferry = ferry_binary();
     assert!(
         ferry.is_file(),
@@ -25,19 +26,34 @@ fn the_demo_backs_up_and_restores_a_volume_through_the_agents() {
         .arg("--ferry")
         .arg(&ferry)
         .args(["--size", "16", "--files", "40"])
+        .args(extra)
         .output()
         .expect("running ferry-demo");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "ferry-demo failed: {}\n{stdout}\n{stderr}", out.status);
-    for expected in [
-        "Completed on node-",
-        "identical to the source",
-        "no problems found",
-        "everything stopped and removed",
-    ] {
+    for expected in
+        ["identical to the source", "no problems found", "everything stopped and removed"]
+    {
         assert!(stdout.contains(expected), "no {expected:?} in the demo's output:\n{stdout}");
     }
+    stdout
+}
+
+/// `make demo` as it runs by default: on the real node, with Ferry from its chart and Velero on
+/// the node. It must not fall back to the simulator here (`make test` builds the node).
+#[test]
+fn the_demo_backs_up_and_restores_a_volume_on_the_real_node() {
+    let stdout = run_demo(&[]);
+    assert!(!stdout.contains("falling back"), "the real node did not start:\n{stdout}");
+    assert!(stdout.contains("written by an application pod"), "{stdout}");
     // Two backups and a restore, the second backup incremental.
+    assert_eq!(stdout.matches("Completed on ferry-node-0").count(), 3, "{stdout}");
+}
+
+/// The fallback where a real node cannot start: three simulated nodes and their agents.
+#[test]
+fn the_demo_runs_on_the_simulator_when_asked() {
+    let stdout = run_demo(&["--sim"]);
     assert_eq!(stdout.matches("Completed on node-").count(), 3, "{stdout}");
 }

@@ -264,6 +264,10 @@ impl Exposer<DataUpload> for CsiBackupExposer {
         locate_telling(&self.client, &self.config, &self.waits, du, node).await.map_err(Into::into)
     }
 
+    async fn still_held(&self, du: &DataUpload, volume: &ExposedVolume) -> Result<(), WorkError> {
+        still_held(&self.client, &self.config, &du.name_any(), volume).await.map_err(Into::into)
+    }
+
     async fn cleanup(&self, du: &DataUpload, _timeout: Duration) -> Result<(), WorkError> {
         let name = du.name_any();
         self.waits.done(&name);
@@ -299,6 +303,7 @@ pub(crate) async fn locate(
         )));
     };
     pod::failed(&pod)?;
+    pod::not_deleted(&pod)?;
     match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
         Some(n) if n == node => {}
         Some(other) => {
@@ -334,9 +339,11 @@ pub(crate) async fn locate(
         ))
     })?;
     Ok(match found {
-        Some(path) => Located::Ready(ExposedVolume {
+        Some((path, root)) => Located::Ready(ExposedVolume {
             node: node.to_owned(),
             path,
+            root: Some(Arc::new(root)),
+            holder: uid,
             mode,
             node_os: NodeOs::Linux,
         }),
@@ -351,6 +358,38 @@ pub(crate) async fn locate(
             ))
         }
     })
+}
+
+/// Whether holding pod `name` (in Velero's namespace) still holds `volume`: the same pod (by
+/// UID), not being deleted, not failed or evicted. A failed read of the pod is logged and
+/// counts as held (the descriptor the data path uses keeps naming the volume either way).
+pub(crate) async fn still_held(
+    client: &Client,
+    config: &ExposerConfig,
+    name: &str,
+    volume: &ExposedVolume,
+) -> Result<(), ExposeError> {
+    let ns = &config.namespace;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod = match get_opt(&pods, name, "reading the holding pod").await {
+        Ok(pod) => pod,
+        Err(e) => {
+            tracing::warn!(pod = %name, error = %e, "cannot check the holding pod; checking again later");
+            return Ok(());
+        }
+    };
+    let Some(pod) = pod else {
+        return Err(ExposeError::Unusable(format!(
+            "pod {ns}/{name} holding the volume was deleted"
+        )));
+    };
+    if pod.uid().as_deref() != Some(volume.holder.as_str()) {
+        return Err(ExposeError::Unusable(format!(
+            "pod {ns}/{name} holding the volume was deleted and another made in its place"
+        )));
+    }
+    pod::not_deleted(&pod)?;
+    pod::failed(&pod)
 }
 
 fn snapshot_of(content: &VolumeSnapshotContent, mode: Option<VolumeMode>) -> Snapshot {

@@ -5,6 +5,7 @@
 //! `<root>/pods/<podUID>/volumeDevices/<plugin>/<pvName>`. The plugin directory depends on the
 //! volume's driver (`kubernetes.io~csi` for every CSI driver), so it is looked up.
 
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
@@ -30,10 +31,10 @@ pub fn pod_volume_path(
     }
 }
 
-/// Looks for the volume in every plugin directory of the pod and returns it once it is usable:
-/// a mounted directory (a mount point by mount identity, so a bind mount of a directory on the
-/// kubelet's own file system counts, as the CSI hostpath driver publishes volumes) or a block
-/// device.
+/// Looks for the volume in every plugin directory of the pod and returns it once it is usable,
+/// opened (`O_PATH`) and checked on the descriptor: a mounted directory (a mount root by mount
+/// identity, so a bind mount of a directory on the kubelet's own file system counts, as the
+/// CSI hostpath driver publishes volumes; a symbolic link does not) or a block device.
 /// `Ok(None)` while the kubelet has not set it up.
 ///
 /// # Errors
@@ -43,7 +44,7 @@ pub fn find_volume(
     pod_uid: &str,
     pv_name: &str,
     mode: VolumeMode,
-) -> std::io::Result<Option<PathBuf>> {
+) -> std::io::Result<Option<(PathBuf, OwnedFd)>> {
     let sub = match mode {
         VolumeMode::Filesystem => "volumes",
         VolumeMode::Block => "volumeDevices",
@@ -58,8 +59,8 @@ pub fn find_volume(
         let plugin = entry?.file_name();
         let Some(plugin) = plugin.to_str() else { continue };
         let path = pod_volume_path(kubelet_root, pod_uid, plugin, pv_name, mode);
-        if usable(&path, mode)? {
-            return Ok(Some(path));
+        if let Some(fd) = open_usable(&path, mode)? {
+            return Ok(Some((path, fd)));
         }
     }
     Ok(None)
@@ -86,16 +87,34 @@ pub(crate) fn what_is_at(path: &Path, mode: VolumeMode) -> String {
     }
 }
 
-fn usable(path: &Path, mode: VolumeMode) -> std::io::Result<bool> {
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e),
+/// The volume at `path` opened, if it is usable there.
+fn open_usable(path: &Path, mode: VolumeMode) -> std::io::Result<Option<OwnedFd>> {
+    use rustix::io::Errno;
+    // Nothing there, or not what it must be (yet): a file where a directory belongs, a
+    // symbolic link.
+    let not_yet = |e: &std::io::Error| {
+        [Errno::NOENT, Errno::NOTDIR, Errno::LOOP]
+            .iter()
+            .any(|n| e.raw_os_error() == Some(n.raw_os_error()))
     };
-    Ok(match mode {
-        VolumeMode::Block => meta.file_type().is_block_device(),
-        VolumeMode::Filesystem => meta.is_dir() && crate::mount::is_mount_point(path)?,
-    })
+    let opened = match mode {
+        VolumeMode::Filesystem => crate::mount::open_mount_root(path),
+        VolumeMode::Block => open_block_device(path),
+    };
+    match opened {
+        Ok(fd) => Ok(fd),
+        Err(e) if not_yet(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The block device at `path` (the kubelet may link it), opened `O_PATH`; `None` for anything
+/// else.
+fn open_block_device(path: &Path) -> std::io::Result<Option<OwnedFd>> {
+    use rustix::fs::{FileType, Mode, OFlags, fstat, openat};
+    let fd = openat(rustix::fs::CWD, path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+    let is_block = FileType::from_raw_mode(fstat(&fd)?.st_mode) == FileType::BlockDevice;
+    Ok(is_block.then_some(fd))
 }
 
 #[cfg(test)]
@@ -104,6 +123,11 @@ mod tests {
 
     use super::*;
     use crate::mount::testing::Mounted;
+
+    /// Where `find_volume` finds volume `pv` of pod `u`.
+    fn found(root: &Path, mode: VolumeMode) -> std::io::Result<Option<PathBuf>> {
+        Ok(find_volume(root, "u", "pv", mode)?.map(|(path, _)| path))
+    }
 
     #[test]
     fn paths_follow_the_kubelet_layout() {
@@ -133,15 +157,15 @@ mod tests {
         let root = tempfile::tempdir()?;
         let dir =
             pod_volume_path(root.path(), "u", "kubernetes.io~csi", "pv", VolumeMode::Filesystem);
-        assert_eq!(find_volume(root.path(), "u", "pv", VolumeMode::Filesystem)?, None);
+        assert_eq!(found(root.path(), VolumeMode::Filesystem)?, None);
         std::fs::create_dir_all(&dir)?;
         // A plain directory on the same file system is not a mount: not ready.
-        assert_eq!(find_volume(root.path(), "u", "pv", VolumeMode::Filesystem)?, None);
+        assert_eq!(found(root.path(), VolumeMode::Filesystem)?, None);
         // A regular file is not a block device.
         let dev = pod_volume_path(root.path(), "u", "kubernetes.io~csi", "pv", VolumeMode::Block);
         std::fs::create_dir_all(dev.parent().expect("parent"))?;
         std::fs::write(&dev, b"x")?;
-        assert_eq!(find_volume(root.path(), "u", "pv", VolumeMode::Block)?, None);
+        assert_eq!(found(root.path(), VolumeMode::Block)?, None);
         assert!(what_is_at(&dir, VolumeMode::Filesystem).ends_with("nothing is mounted on it"));
         assert!(what_is_at(&dev, VolumeMode::Block).ends_with("is not a block device"));
         Ok(())
@@ -159,7 +183,7 @@ mod tests {
         std::fs::create_dir_all(&published)?;
         let _mounted = Mounted::bind(&published, &dir)?;
         assert_eq!(std::fs::metadata(&dir)?.dev(), std::fs::metadata(root.path())?.dev());
-        assert_eq!(find_volume(root.path(), "u", "pv", VolumeMode::Filesystem)?, Some(dir.clone()));
+        assert_eq!(found(root.path(), VolumeMode::Filesystem)?, Some(dir.clone()));
         assert!(what_is_at(&dir, VolumeMode::Filesystem).ends_with("is mounted"));
         Ok(())
     }
@@ -171,7 +195,7 @@ mod tests {
             pod_volume_path(root.path(), "u", "kubernetes.io~csi", "pv", VolumeMode::Filesystem);
         std::fs::create_dir_all(&dir)?;
         let _mounted = Mounted::bind(&dir, &dir)?;
-        assert_eq!(find_volume(root.path(), "u", "pv", VolumeMode::Filesystem)?, Some(dir));
+        assert_eq!(found(root.path(), VolumeMode::Filesystem)?, Some(dir));
         Ok(())
     }
 
@@ -187,7 +211,7 @@ mod tests {
         );
         std::fs::create_dir_all(&dir)?;
         let _mounted = Mounted::tmpfs(&dir)?;
-        assert_eq!(find_volume(root.path(), "u", "pv", VolumeMode::Filesystem)?, Some(dir));
+        assert_eq!(found(root.path(), VolumeMode::Filesystem)?, Some(dir));
         Ok(())
     }
 }

@@ -8,9 +8,10 @@
 //! point of this mount namespace.
 
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, CWD, StatxAttributes, StatxFlags, statx};
+use rustix::fs::{AtFlags, CWD, Mode, OFlags, StatxAttributes, StatxFlags, openat, statx};
 use rustix::io::Errno;
 
 /// Whether `path` (followed if a symlink) is the root of a mount.
@@ -18,22 +19,41 @@ use rustix::io::Errno;
 /// # Errors
 /// The path cannot be examined (it does not exist, permissions).
 pub(crate) fn is_mount_point(path: &Path) -> io::Result<bool> {
-    match by_statx(path)? {
+    let fd = openat(CWD, path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+    is_mount_root(fd.as_fd(), path)
+}
+
+/// Opens the directory at `path` (not following a symbolic link at its end) if it is the root
+/// of a mount, judged on the opened descriptor itself: `None` when it is a plain directory.
+/// The descriptor (`O_PATH`) keeps naming that mount whatever happens at `path` later.
+///
+/// # Errors
+/// Nothing at `path`, not a directory, a symbolic link, or it cannot be examined.
+pub(crate) fn open_mount_root(path: &Path) -> io::Result<Option<OwnedFd>> {
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = openat(CWD, path, flags, Mode::empty())?;
+    Ok(is_mount_root(fd.as_fd(), path)?.then_some(fd))
+}
+
+/// Whether the open directory `fd` is the root of a mount; `path` (where it was opened) is
+/// read in `/proc/self/mountinfo` only on kernels whose `statx` cannot tell.
+fn is_mount_root(fd: BorrowedFd<'_>, path: &Path) -> io::Result<bool> {
+    match by_statx(fd)? {
         Some(answer) => Ok(answer),
         None => by_mountinfo(path),
     }
 }
 
-/// What `statx` says, or `None` when this kernel reports neither the mount-root attribute nor
-/// mount ids.
-pub(crate) fn by_statx(path: &Path) -> io::Result<Option<bool>> {
-    let Some(me) = mount_facts(path)? else { return Ok(None) };
+/// What `statx` says of `fd`, or `None` when this kernel reports neither the mount-root
+/// attribute nor mount ids.
+pub(crate) fn by_statx(fd: BorrowedFd<'_>) -> io::Result<Option<bool>> {
+    let Some(me) = mount_facts(fd, "")? else { return Ok(None) };
     if me.attributes_mask.contains(StatxAttributes::MOUNT_ROOT) {
         return Ok(Some(me.attributes.contains(StatxAttributes::MOUNT_ROOT)));
     }
     let Some(mine) = me.mount_id else { return Ok(None) };
     // `..` of a mount root leads into the mount below it, so the ids differ exactly there.
-    let Some(parents) = mount_facts(&path.join(".."))?.and_then(|p| p.mount_id) else {
+    let Some(parents) = mount_facts(fd, "..")?.and_then(|p| p.mount_id) else {
         return Ok(None);
     };
     Ok(Some(mine != parents))
@@ -45,8 +65,13 @@ struct MountFacts {
     mount_id: Option<u64>,
 }
 
-fn mount_facts(path: &Path) -> io::Result<Option<MountFacts>> {
-    match statx(CWD, path, AtFlags::NO_AUTOMOUNT, StatxFlags::MNT_ID) {
+/// `statx` of `name` under `fd` (of `fd` itself when `name` is empty).
+fn mount_facts(fd: BorrowedFd<'_>, name: &str) -> io::Result<Option<MountFacts>> {
+    let mut flags = AtFlags::NO_AUTOMOUNT;
+    if name.is_empty() {
+        flags |= AtFlags::EMPTY_PATH;
+    }
+    match statx(fd, name, flags, StatxFlags::MNT_ID) {
         Ok(s) => Ok(Some(MountFacts {
             attributes: s.stx_attributes,
             attributes_mask: s.stx_attributes_mask,
@@ -150,7 +175,9 @@ mod tests {
     /// Every method agrees on `path`, and the answer is `expected`.
     fn assert_mount_point(path: &Path, expected: bool) -> io::Result<()> {
         assert_eq!(is_mount_point(path)?, expected, "{}", path.display());
-        assert_eq!(by_statx(path)?, Some(expected), "statx on {}", path.display());
+        let fd = openat(CWD, path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+        assert_eq!(by_statx(fd.as_fd())?, Some(expected), "statx on {}", path.display());
+        assert_eq!(open_mount_root(path)?.is_some(), expected, "opened {}", path.display());
         assert_eq!(by_mountinfo(path)?, expected, "mountinfo on {}", path.display());
         Ok(())
     }

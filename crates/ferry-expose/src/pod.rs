@@ -88,12 +88,27 @@ pub(crate) fn failed(pod: &Pod) -> Result<(), ExposeError> {
     let status = pod.status.as_ref();
     match status.and_then(|s| s.phase.as_deref()) {
         Some(phase @ ("Failed" | "Succeeded")) => Err(ExposeError::Unusable(format!(
-            "pod {} holding the volume is {phase}: {} {}",
+            "pod {}/{} holding the volume is {phase}: {} {}",
+            pod.namespace().unwrap_or_default(),
             pod.name_any(),
             status.and_then(|s| s.reason.clone()).unwrap_or_default(),
             status.and_then(|s| s.message.clone()).unwrap_or_default()
         ))),
         _ => Ok(()),
+    }
+}
+
+/// A pod being deleted (by a user, an eviction, a preemption) is about to lose its volumes.
+pub(crate) fn not_deleted(pod: &Pod) -> Result<(), ExposeError> {
+    match &pod.metadata.deletion_timestamp {
+        Some(since) => Err(ExposeError::Unusable(format!(
+            "pod {}/{} holding the volume is being deleted (since {}): deleted, evicted or \
+             preempted",
+            pod.namespace().unwrap_or_default(),
+            pod.name_any(),
+            since.0
+        ))),
+        None => Ok(()),
     }
 }
 

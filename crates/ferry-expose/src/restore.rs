@@ -238,6 +238,12 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
         locate_telling(&self.client, &self.config, &self.waits, dd, node).await.map_err(Into::into)
     }
 
+    async fn still_held(&self, dd: &DataDownload, volume: &ExposedVolume) -> Result<(), WorkError> {
+        crate::backup::still_held(&self.client, &self.config, &dd.name_any(), volume)
+            .await
+            .map_err(Into::into)
+    }
+
     async fn finish(
         &self,
         dd: &DataDownload,

@@ -105,8 +105,8 @@ async fn a_long_wait_for_the_kubelet_is_told_with_the_expected_path() -> TestRes
     let exposer = CsiBackupExposer::new(client.clone(), config.clone());
 
     // Not there: the wait is told at once (no grace here), and only once.
-    assert_eq!(exposer.locate(&du, "node-1").await?, None);
-    assert_eq!(exposer.locate(&du, "node-1").await?, None);
+    assert!(exposer.locate(&du, "node-1").await?.is_none());
+    assert!(exposer.locate(&du, "node-1").await?.is_none());
     let expected =
         kubelet.path().join(format!("pods/{uid}/volumes/kubernetes.io~csi/pv-wait/mount"));
     let told = notes(&client, &ns, "du-wait", WAITING_FOR_VOLUME).await?;
@@ -125,7 +125,7 @@ async fn a_long_wait_for_the_kubelet_is_told_with_the_expected_path() -> TestRes
     // volume's directory there, on the same file system, and the volume is found.
     std::fs::create_dir_all(&expected)?;
     let restarted = CsiBackupExposer::new(client.clone(), config.clone());
-    assert_eq!(restarted.locate(&du, "node-1").await?, None);
+    assert!(restarted.locate(&du, "node-1").await?.is_none());
     let told = notes(&client, &ns, "du-wait", WAITING_FOR_VOLUME).await?;
     assert!(
         told.iter().any(|n| n.contains("is a directory but nothing is mounted on it")),
@@ -141,7 +141,7 @@ async fn a_long_wait_for_the_kubelet_is_told_with_the_expected_path() -> TestRes
     let (du2, _) = exposed_upload(&client, &ns, "du-quiet", "node-1", "pv-quiet").await?;
     config.volume_wait_grace = Duration::from_secs(3600);
     let patient = CsiBackupExposer::new(client.clone(), config);
-    assert_eq!(patient.locate(&du2, "node-1").await?, None);
+    assert!(patient.locate(&du2, "node-1").await?.is_none());
     assert_eq!(notes(&client, &ns, "du-quiet", WAITING_FOR_VOLUME).await?, Vec::<String>::new());
     Ok(())
 }

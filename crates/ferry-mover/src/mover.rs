@@ -11,9 +11,9 @@ use ferry_agent::{
 use ferry_api::keys::{BACKUP_NAME_LABEL, WRITE_SPARSE_FILES};
 use ferry_api::{DataDownload, DataUpload};
 use ferry_repo::{
-    BackupOptions, Progress, ProgressFn, RepoError, Repository, RestoreOptions, SnapshotId,
-    SnapshotKind, VolumeBackupOptions, VolumeRestoreOptions, backup_tree, backup_volume, restore,
-    restore_volume,
+    BackupOptions, Place, Progress, ProgressFn, RepoError, Repository, RestoreOptions, SnapshotId,
+    SnapshotKind, VolumeBackupOptions, VolumeRestoreOptions, backup_tree_at, backup_volume_at,
+    restore_at, restore_volume_at,
 };
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
@@ -85,6 +85,20 @@ fn reporter(sink: ProgressSink) -> ProgressFn {
     })
 }
 
+/// The volume as the data path reaches it: through the descriptor opened when it was located,
+/// never by its path (which may lead elsewhere by now).
+fn place(volume: &ExposedVolume) -> Result<Place<'_>, WorkError> {
+    use std::os::fd::AsFd;
+    let fd = volume.root.as_deref().ok_or_else(|| {
+        WorkError::failed(format!(
+            "volume {} on node {} was not opened when it was located (or was released)",
+            volume.path.display(),
+            volume.node
+        ))
+    })?;
+    Ok(Place::Opened { fd: fd.as_fd(), shown_as: &volume.path })
+}
+
 /// The identity of a volume across backups: its namespace and PVC.
 fn source_of(du: &DataUpload) -> String {
     format!("{}/{}", du.spec.source_namespace, du.spec.source_pvc)
@@ -139,7 +153,7 @@ impl DataMover for RepoMover {
             VolumeMode::Filesystem => {
                 let options =
                     BackupOptions { parent, tags, source, hostname, ..Default::default() };
-                let s = backup_tree(&repo, &volume.path, &options, report, &cancel)
+                let s = backup_tree_at(&repo, place(volume)?, &options, report, &cancel)
                     .await
                     .map_err(|e| work_error("backing up the volume", &location, e))?;
                 (s.snapshot_id, s.bytes_total, s.bytes_new)
@@ -147,7 +161,7 @@ impl DataMover for RepoMover {
             VolumeMode::Block => {
                 let options =
                     VolumeBackupOptions { parent, tags, source, hostname, ..Default::default() };
-                let s = backup_volume(&repo, &volume.path, &options, report, &cancel)
+                let s = backup_volume_at(&repo, place(volume)?, &options, report, &cancel)
                     .await
                     .map_err(|e| work_error("backing up the block volume", &location, e))?;
                 (s.snapshot_id, s.size, s.bytes_new)
@@ -189,7 +203,7 @@ impl DataMover for RepoMover {
         let written = match volume.mode {
             VolumeMode::Filesystem => {
                 let options = RestoreOptions { sparse, ..RestoreOptions::default() };
-                restore(&repo, &id, &volume.path, &options, report, &cancel)
+                restore_at(&repo, &id, place(volume)?, &options, report, &cancel)
                     .await
                     .map_err(|e| work_error("restoring the volume", &location, e))?
                     .bytes
@@ -197,7 +211,7 @@ impl DataMover for RepoMover {
             VolumeMode::Block => {
                 // A freshly provisioned volume is not known to read as zeros: write them.
                 let options = VolumeRestoreOptions::default();
-                restore_volume(&repo, &id, &volume.path, &options, report, &cancel)
+                restore_volume_at(&repo, &id, place(volume)?, &options, report, &cancel)
                     .await
                     .map_err(|e| work_error("restoring the block volume", &location, e))?
                     .size
@@ -253,11 +267,7 @@ mod tests {
     #[tokio::test]
     async fn a_file_hard_linked_three_times_counts_once_in_total_bytes() {
         let cancel = CancellationToken::new();
-        let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
-        let options =
-            InitOptions { kdf: KdfParams::insecure_for_tests(), ..InitOptions::default() };
-        let (repo, _) = Repository::init(store, b"pw", &options, &cancel).await.unwrap();
-        let mover = RepoMover::new(Arc::new(crate::FixedRepository::new(repo, "memory")));
+        let mover = memory_mover(&cancel).await;
         let src = tempfile::tempdir().unwrap();
         let data: Vec<u8> = (0..300_000u32).map(|i| (i * 31 % 251) as u8).collect();
         std::fs::write(src.path().join("a"), &data).unwrap();
@@ -265,24 +275,90 @@ mod tests {
         std::fs::create_dir(src.path().join("sub")).unwrap();
         std::fs::hard_link(src.path().join("a"), src.path().join("sub/c")).unwrap();
         std::fs::write(src.path().join("single"), b"12345").unwrap();
-        let du: DataUpload = serde_json::from_value(serde_json::json!({
+        let du = upload("du-1");
+        let volume = opened(src.path());
+        let progress = ferry_agent::ProgressSink::new();
+        let outcome = mover.backup(&du, &volume, progress, cancel).await.unwrap();
+        assert_eq!(outcome.total_bytes, data.len() as u64 + 5, "each inode's data once");
+    }
+
+    /// A mover with one new repository in memory.
+    async fn memory_mover(cancel: &CancellationToken) -> RepoMover {
+        let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+        let options =
+            InitOptions { kdf: KdfParams::insecure_for_tests(), ..InitOptions::default() };
+        let (repo, _) = Repository::init(store, b"pw", &options, cancel).await.unwrap();
+        RepoMover::new(Arc::new(crate::FixedRepository::new(repo, "memory")))
+    }
+
+    /// A file-system volume as the exposer hands it over: opened where it was found.
+    fn opened(path: &std::path::Path) -> ExposedVolume {
+        let root = std::fs::File::open(path).unwrap();
+        ExposedVolume {
+            node: "node-a".into(),
+            path: path.to_path_buf(),
+            root: Some(Arc::new(root.into())),
+            holder: "pod-uid".into(),
+            mode: VolumeMode::Filesystem,
+            node_os: ferry_api::NodeOs::Linux,
+        }
+    }
+
+    fn upload(name: &str) -> DataUpload {
+        serde_json::from_value(serde_json::json!({
             "apiVersion": "velero.io/v2alpha1", "kind": "DataUpload",
-            "metadata": { "name": "du-1", "namespace": "velero" },
+            "metadata": { "name": name, "namespace": "velero" },
             "spec": {
                 "snapshotType": "CSI", "sourcePVC": "data", "datamover": "ferry",
                 "backupStorageLocation": "default", "sourceNamespace": "app",
                 "operationTimeout": "10m0s",
             },
         }))
-        .unwrap();
-        let volume = ExposedVolume {
-            node: "node-a".into(),
-            path: src.path().to_path_buf(),
-            mode: VolumeMode::Filesystem,
-            node_os: ferry_api::NodeOs::Linux,
-        };
+        .unwrap()
+    }
+
+    fn download(snapshot: &str) -> DataDownload {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "velero.io/v2alpha1", "kind": "DataDownload",
+            "metadata": { "name": "dd-1", "namespace": "velero" },
+            "spec": {
+                "targetVolume": { "pvc": "data", "namespace": "app", "pv": "" },
+                "datamover": "ferry", "backupStorageLocation": "default",
+                "sourceNamespace": "app", "snapshotID": snapshot, "operationTimeout": "10m0s",
+            },
+        }))
+        .unwrap()
+    }
+
+    /// The volume's mount went away after it was located and an empty directory is at its
+    /// path now (the node's own disk): the restore still writes into the volume it located,
+    /// nothing lands at the path, and a released volume is refused.
+    #[tokio::test]
+    async fn data_goes_to_the_located_volume_never_to_what_is_at_its_path_later() {
+        let cancel = CancellationToken::new();
+        let mover = memory_mover(&cancel).await;
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("f"), b"tenant data").unwrap();
         let progress = ferry_agent::ProgressSink::new();
-        let outcome = mover.backup(&du, &volume, progress, cancel).await.unwrap();
-        assert_eq!(outcome.total_bytes, data.len() as u64 + 5, "each inode's data once");
+        let (du, source) = (upload("du-1"), opened(src.path()));
+        let snapshot =
+            mover.backup(&du, &source, progress, cancel.clone()).await.unwrap().snapshot_id;
+
+        let work = tempfile::tempdir().unwrap();
+        let (mount, moved) = (work.path().join("mount"), work.path().join("the-volume"));
+        std::fs::create_dir(&mount).unwrap();
+        let mut volume = opened(&mount);
+        std::fs::rename(&mount, &moved).unwrap();
+        std::fs::create_dir(&mount).unwrap();
+        let progress = ferry_agent::ProgressSink::new();
+        mover.restore(&download(&snapshot), &volume, progress, cancel.clone()).await.unwrap();
+        assert_eq!(std::fs::read(moved.join("f")).unwrap(), b"tenant data");
+        assert_eq!(std::fs::read_dir(&mount).unwrap().count(), 0, "nothing at the path");
+
+        volume.release();
+        let progress = ferry_agent::ProgressSink::new();
+        let refused = mover.restore(&download(&snapshot), &volume, progress, cancel).await;
+        let message = refused.unwrap_err().to_string();
+        assert!(message.contains("was not opened"), "{message}");
     }
 }

@@ -33,7 +33,8 @@
 //! Code map: `format/` (encodings, keys, chunker, compression), `repo/` (repository, in-memory
 //! index, pack writer and uploader, caches), `backup/` (walker, file workers, tree builder),
 //! `restore/` (planner, workers, no-follow file-system operations), `volume/` (block volumes),
-//! `check.rs`, `sys.rs` (the one module with `unsafe`: xattr system calls).
+//! `check.rs`, `place.rs` (sources and targets given by path or by a descriptor the caller opened),
+//! `sys.rs` (the one module with `unsafe`: xattr system calls).
 
 mod backup;
 pub mod browse;
@@ -41,24 +42,26 @@ mod check;
 mod error;
 pub mod format;
 pub mod gc;
+mod place;
 mod progress;
 mod repo;
 mod restore;
 mod sys;
 mod volume;
 
-pub use backup::{BackupOptions, BackupSummary, backup_tree};
+pub use backup::{BackupOptions, BackupSummary, backup_tree, backup_tree_at};
 pub use check::{CheckOptions, CheckReport, PackSubset, SubsetError, check};
 pub use error::{RepoError, RepoResult};
 pub use format::{BlobId, KdfParams, KeyId, Snapshot, SnapshotId, SnapshotKind, Summary};
+pub use place::Place;
 pub use progress::{Progress, ProgressFn};
 pub use repo::{
     BlobLocation, CacheOptions, InitOptions, InitOutcome, KeyDetails, KeyInfo, MIN_PASSWORD_LEN,
     RepoStats, Repository, VELERO_DEFAULT_PASSWORD, hostname, weak_password_reason,
 };
-pub use restore::{MAX_DEPTH, RestoreOptions, RestoreSummary, restore};
+pub use restore::{MAX_DEPTH, RestoreOptions, RestoreSummary, restore, restore_at};
 pub use volume::{
     DEFAULT_VOLUME_CHUNK, DEFAULT_VOLUME_LEVEL, MAX_VOLUME_CHUNK, VolumeBackupOptions,
     VolumeBackupSummary, VolumeMap, VolumeRestoreOptions, VolumeRestoreSummary, backup_volume,
-    restore_volume,
+    backup_volume_at, restore_volume, restore_volume_at,
 };

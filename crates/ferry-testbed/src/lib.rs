@@ -25,6 +25,7 @@ pub mod paths;
 pub mod process;
 pub mod realnode;
 pub mod velero;
+pub mod workload;
 
 pub use control_plane::{
     ControlPlane, Options, SERVICE_IP, VELERO_NAMESPACE, install_crypto_provider,

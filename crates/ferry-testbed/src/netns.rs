@@ -267,6 +267,24 @@ impl Drop for NodeNamespaces {
 #[derive(Debug)]
 pub struct Forwarder {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+/// Holds a [`Forwarder`]'s bytes back while closed: a stalled network. Connections stay open
+/// and nothing is lost; what was read waits until the gate opens again.
+#[derive(Debug, Clone)]
+pub struct Gate(tokio::sync::watch::Sender<bool>);
+
+impl Gate {
+    /// Stops relaying bytes (each connection may still take one buffer in).
+    pub fn close(&self) {
+        self.0.send_replace(false);
+    }
+
+    /// Relays again.
+    pub fn open(&self) {
+        self.0.send_replace(true);
+    }
 }
 
 impl Forwarder {
@@ -276,6 +294,7 @@ impl Forwarder {
     /// The runtime thread could not start.
     pub fn start(pairs: Vec<(std::net::TcpListener, SocketAddr)>) -> anyhow::Result<Self> {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (open, _) = tokio::sync::watch::channel(true);
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let listeners = {
             let _entered = runtime.enter();
@@ -285,17 +304,24 @@ impl Forwarder {
                 .collect::<std::io::Result<Vec<_>>>()
                 .context("registering a relay's listener")?
         };
+        let gate = open.clone();
         std::thread::Builder::new().name("ferry-testbed-forwarder".into()).spawn(move || {
             runtime.block_on(async move {
                 let mut tasks = tokio::task::JoinSet::new();
                 for (listener, target) in listeners {
-                    tasks.spawn(relay(listener, target));
+                    tasks.spawn(relay(listener, target, gate.clone()));
                 }
                 let _ = stopped.await;
                 tasks.abort_all();
             });
         })?;
-        Ok(Self { stop: Some(stop) })
+        Ok(Self { stop: Some(stop), open })
+    }
+
+    /// The gate of every connection this forwarder relays, open at first.
+    #[must_use]
+    pub fn gate(&self) -> Gate {
+        Gate(self.open.clone())
     }
 }
 
@@ -307,18 +333,45 @@ impl Drop for Forwarder {
     }
 }
 
-async fn relay(listener: tokio::net::TcpListener, target: SocketAddr) {
+async fn relay(
+    listener: tokio::net::TcpListener,
+    target: SocketAddr,
+    gate: tokio::sync::watch::Sender<bool>,
+) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
-        let Ok((mut inbound, _)) = listener.accept().await else {
+        let Ok((inbound, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
+        let (up, down) = (gate.subscribe(), gate.subscribe());
         connections.spawn(async move {
-            if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
-                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            if let Ok(outbound) = tokio::net::TcpStream::connect(target).await {
+                let (from_client, to_client) = inbound.into_split();
+                let (from_server, to_server) = outbound.into_split();
+                tokio::join!(pump(from_client, to_server, up), pump(from_server, to_client, down));
             }
         });
         while connections.try_join_next().is_some() {}
     }
+}
+
+/// Copies one direction of a relayed connection, waiting while the gate is closed.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut open: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if open.wait_for(|open| *open).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
 }

@@ -621,7 +621,17 @@ fileCheckFrequency: 10s
     /// # Errors
     /// The port cannot be bound in the node's network namespace.
     pub fn expose_host_port(&self, host_port: u16) -> anyhow::Result<Forwarder> {
-        let listener = self.ns().listen(SocketAddr::new(NODE_IP.parse()?, host_port))?;
+        self.relay_host_port(host_port, host_port)
+    }
+
+    /// Makes `host_port` on the host's loopback reachable from the node and its pods at
+    /// `NODE_IP:node_port`: a second way to the same server, with a [`Forwarder::gate`] of
+    /// its own.
+    ///
+    /// # Errors
+    /// The port cannot be bound in the node's network namespace.
+    pub fn relay_host_port(&self, node_port: u16, host_port: u16) -> anyhow::Result<Forwarder> {
+        let listener = self.ns().listen(SocketAddr::new(NODE_IP.parse()?, node_port))?;
         Forwarder::start(vec![(listener, SocketAddr::new(Ipv4Addr::LOCALHOST.into(), host_port))])
     }
 
@@ -742,6 +752,13 @@ fileCheckFrequency: 10s
     /// The spawn failed.
     pub fn spawn_inside(&self, name: &str, cmd: Command) -> anyhow::Result<Guarded> {
         self.ns().spawn(name, cmd)
+    }
+
+    /// Where the CSI hostpath driver keeps the file-system volume `handle` (a folder of the
+    /// host), for reading a volume as it is without a pod.
+    #[must_use]
+    pub fn hostpath_volume(&self, handle: &str) -> PathBuf {
+        self.dir.path().join("hostpath").join(handle)
     }
 
     /// A kubeconfig for the cluster's API server on the host's loopback.

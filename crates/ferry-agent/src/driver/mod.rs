@@ -13,6 +13,7 @@
 //! (taken over while it was cut off) cannot overwrite the new owner's state.
 
 mod finish;
+mod holder;
 mod prepare;
 mod transfer;
 

@@ -10,6 +10,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use super::finish::{StepError, complete, fail, mine, write};
+use super::holder::HolderWatch;
 use super::until_canceled;
 use crate::context::Ctx;
 use crate::error::{WorkError, error_chain};
@@ -41,11 +42,24 @@ pub(super) async fn move_data<C: MoverCr>(
     work: &CancellationToken,
 ) -> Result<(), StepError> {
     let name = cr.name_any();
-    let (cr, volume) = match locate(ctx, cr, resume, work).await? {
+    let (cr, mut volume) = match locate(ctx, cr, resume, work).await? {
         Ok(found) => found,
         Err(Interrupted::Stop | Interrupted::Failed) => return Ok(()),
     };
-    let Some(_slot) = take_slot(ctx, work).await else { return Ok(()) };
+    // From here on the holder of the volume is watched: losing it stops the slot wait or the
+    // data path, and the CR fails.
+    let holder = HolderWatch::start(ctx, &cr, &volume, work);
+    let moving = holder.token().clone();
+    let slot = take_slot(ctx, &moving).await;
+    if let Some(reason) = holder.lost() {
+        return fail(
+            ctx,
+            cr,
+            lost_message(ctx, "while it waited for a data-movement slot", &reason),
+        )
+        .await;
+    }
+    let Some(_slot) = slot else { return Ok(()) };
     let Some(cr) = start(ctx, cr, resume, &volume).await? else { return Ok(()) };
 
     let progress = ProgressSink::new();
@@ -60,20 +74,34 @@ pub(super) async fn move_data<C: MoverCr>(
         writer_stop.clone(),
     ));
     let mover = &*ctx.backends.mover;
-    let result =
-        until_canceled(C::move_data(mover, &cr, &volume, progress.clone(), work.clone()), work)
-            .await;
+    let result = until_canceled(
+        C::move_data(mover, &cr, &volume, progress.clone(), moving.clone()),
+        &moving,
+    )
+    .await;
     writer_stop.cancel();
     if let Err(e) = writer.await {
         tracing::warn!(kind = C::KIND, %name, error = %e, "progress writer ended abnormally");
     }
-    let outcome_kind = match &result {
-        Ok(_) => crate::metrics::Outcome::Success,
-        Err(WorkError::Canceled) => crate::metrics::Outcome::Cancel,
-        Err(_) if work.is_cancelled() => crate::metrics::Outcome::Cancel,
-        Err(_) => crate::metrics::Outcome::Failure,
+    // Whatever the data path returned, a volume that was not held throughout is not trusted.
+    let held = match &result {
+        Err(_) if work.is_cancelled() => Ok(()),
+        _ => holder.last_look(ctx, &cr, &volume).await,
+    };
+    // The data path is done with the volume: nothing of this agent may keep it mounted while
+    // the exposer hands it over or removes its holder.
+    volume.release();
+    let outcome_kind = match (&result, &held) {
+        (_, Err(_)) => crate::metrics::Outcome::Failure,
+        (Ok(_), Ok(())) => crate::metrics::Outcome::Success,
+        (Err(WorkError::Canceled), _) => crate::metrics::Outcome::Cancel,
+        (Err(_), _) if work.is_cancelled() => crate::metrics::Outcome::Cancel,
+        (Err(_), _) => crate::metrics::Outcome::Failure,
     };
     ctx.metrics.moved(C::KIND, progress.snapshot().bytes_done, started.elapsed(), outcome_kind);
+    if let Err(reason) = held {
+        return fail(ctx, cr, lost_message(ctx, "while the data moved", &reason)).await;
+    }
     match result {
         Ok(outcome) => {
             let exposer = C::exposer(&ctx.backends);
@@ -103,6 +131,20 @@ pub(super) async fn move_data<C: MoverCr>(
             fail(ctx, cr, message).await
         }
     }
+}
+
+/// The failure message when the exposed volume stopped being held.
+fn lost_message<C: MoverCr>(ctx: &Ctx<C>, when: &str, reason: &str) -> String {
+    let what = match report::Direction::of(C::KIND) {
+        report::Direction::Upload => "nothing of this backup was recorded",
+        report::Direction::Download => "the restored volume is incomplete and was not handed over",
+    };
+    format!(
+        "the exposed volume stopped being available on node {} {when}: {reason}; {what}. \
+         Retry the operation; if holding pods are being evicted or preempted, give them a \
+         priority class (priorityClassName in the node-agent configuration)",
+        ctx.me()
+    )
 }
 
 /// Waits for the exposed volume to be ready on this node. A Prepared CR waits at most the

@@ -84,6 +84,8 @@ struct State {
     max_active_per_cr: usize,
     active_per_node: HashMap<String, usize>,
     max_active_per_node: usize,
+    /// CRs whose holder went away, with the reason.
+    lost: HashMap<String, String>,
 }
 
 /// The simulated cluster and data path shared by every agent of one test.
@@ -139,6 +141,18 @@ impl Sim {
         (state.max_active_per_cr, state.max_active_per_node)
     }
 
+    /// Makes the CR's exposed volume lose its holder (a holding pod deleted or evicted).
+    pub fn lose_holder(&self, cr: &str, reason: &str) {
+        self.state().lost.insert(cr.to_owned(), reason.to_owned());
+    }
+
+    fn still_held_any(&self, cr: &str) -> Result<(), WorkError> {
+        match self.state().lost.get(cr) {
+            Some(reason) => Err(WorkError::failed(reason.clone())),
+            None => Ok(()),
+        }
+    }
+
     pub fn path_of(cr: &str) -> PathBuf {
         PathBuf::from(format!(
             "/var/lib/kubelet/pods/sim-{cr}/volumes/kubernetes.io~csi/pv-{cr}/mount"
@@ -182,9 +196,13 @@ impl Sim {
             return None;
         }
         let on = self.state().exposed.get(cr).cloned()?;
+        // The simulated data path never reads it; any open directory stands in.
+        let root = std::fs::File::open("/").ok()?;
         (on == node).then(|| ExposedVolume {
             node: on,
             path: Self::path_of(cr),
+            root: Some(Arc::new(root.into())),
+            holder: format!("sim-{cr}"),
             mode: VolumeMode::Filesystem,
             node_os: NodeOs::Linux,
         })
@@ -277,6 +295,10 @@ impl Exposer<DataUpload> for Sim {
         Ok(self.locate_any(&cr.name_any(), node))
     }
 
+    async fn still_held(&self, cr: &DataUpload, _volume: &ExposedVolume) -> Result<(), WorkError> {
+        self.still_held_any(&cr.name_any())
+    }
+
     async fn cleanup(&self, cr: &DataUpload, _timeout: Duration) -> Result<(), WorkError> {
         self.cleanup_any(&cr.name_any());
         Ok(())
@@ -295,6 +317,14 @@ impl Exposer<DataDownload> for Sim {
         node: &str,
     ) -> Result<Option<ExposedVolume>, WorkError> {
         Ok(self.locate_any(&cr.name_any(), node))
+    }
+
+    async fn still_held(
+        &self,
+        cr: &DataDownload,
+        _volume: &ExposedVolume,
+    ) -> Result<(), WorkError> {
+        self.still_held_any(&cr.name_any())
     }
 
     async fn finish(

@@ -287,3 +287,56 @@ async fn the_concurrency_limit_queues_work_without_stalling_it() {
     }
     cluster.shutdown().await;
 }
+
+/// The holding pod deleted or evicted mid-move and while waiting for a data-movement slot:
+/// the data path stops, both uploads fail saying why, neither completes; the one that waited
+/// never started moving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_whose_volume_is_no_longer_held_fails_and_never_completes() {
+    let slow =
+        Behaviour { chunks: 40, chunk_delay: Duration::from_millis(100), ..Behaviour::default() };
+    let sim = Sim::new(Placement::Accepting, slow);
+    let mut cluster = TestCluster::new(sim.clone(), |c| {
+        c.concurrency = 1;
+        c.locate_interval = Duration::from_millis(100);
+    });
+    cluster.start_agents(&NODES[..1]).await;
+    let (moving, waiting) = (unique("held-moving"), unique("held-waiting"));
+    cluster.create_upload(&moving).await;
+    wait_for(&cluster.uploads, &moving, "InProgress", |du| {
+        du.phase() == DataUploadPhase::InProgress
+    })
+    .await;
+    cluster.create_upload(&waiting).await;
+    wait_for(&cluster.uploads, &waiting, "Prepared", |du| du.phase() == DataUploadPhase::Prepared)
+        .await;
+    sim.lose_holder(&waiting, "pod velero/x holding the volume is being deleted");
+    let du = wait_for(&cluster.uploads, &waiting, "Failed", |du| {
+        du.phase() == DataUploadPhase::Failed && released(du)
+    })
+    .await;
+    let message = du.status.expect("status").message;
+    assert!(
+        message.contains("while it waited for a data-movement slot")
+            && message.contains("holding the volume is being deleted")
+            && message.contains("nothing of this backup was recorded"),
+        "{message}"
+    );
+    assert_eq!(sim.count(|c| matches!(c, Call::MoveStart { cr, .. } if *cr == waiting)), 0);
+
+    sim.lose_holder(&moving, "pod velero/y holding the volume was deleted");
+    let du = wait_for(&cluster.uploads, &moving, "Failed", |du| {
+        du.phase() == DataUploadPhase::Failed && released(du)
+    })
+    .await;
+    let status = du.status.expect("status");
+    assert!(
+        status.message.contains("while the data moved") && status.message.contains("was deleted"),
+        "{}",
+        status.message
+    );
+    assert!(status.snapshot_id.is_empty(), "no snapshot recorded: {}", status.snapshot_id);
+    assert_eq!(sim.count(|c| matches!(c, Call::MoveCanceled { cr, .. } if *cr == moving)), 1);
+    assert_eq!(sim.count(|c| matches!(c, Call::MoveDone { cr, .. } if *cr == moving)), 0);
+    cluster.shutdown().await;
+}

@@ -16,6 +16,7 @@ mod trees;
 mod walk;
 
 use std::collections::HashSet;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -26,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobId, DEFAULT_DATA_LEVEL, Node, Snapshot, SnapshotId, Summary, Timestamp};
 use crate::gc::{Lease, LeaseCheck, WRITER_LEASES};
+use crate::place::Place;
 use crate::progress::Counters;
 use crate::progress::ProgressFn;
 use crate::repo::writer::{LocalPacker, Uploader, upload_cause};
@@ -153,17 +155,43 @@ pub async fn backup_tree(
     progress: Option<ProgressFn>,
     cancel: &CancellationToken,
 ) -> RepoResult<BackupSummary> {
+    backup_tree_at(repo, Place::Path(path), options, progress, cancel).await
+}
+
+/// [`backup_tree`] of a directory given by path or already opened (see [`Place`]).
+///
+/// # Errors
+/// As [`backup_tree`].
+pub async fn backup_tree_at(
+    repo: &Repository,
+    root: Place<'_>,
+    options: &BackupOptions,
+    progress: Option<ProgressFn>,
+    cancel: &CancellationToken,
+) -> RepoResult<BackupSummary> {
     let excludes = exclude::Excludes::new(&options.exclude)?;
+    let root_fd = match root {
+        Place::Path(path) => walk::open_root(path)?,
+        Place::Opened { fd, shown_as } => crate::place::reopen_dir(fd, shown_as, true)?,
+    };
     let lease = Lease::acquire(repo, WRITER_LEASES, "backup", repo.lease_ttl(), cancel).await?;
-    let result =
-        backup_leased(repo, path, options, excludes, progress, &lease.checker(), cancel).await;
+    let result = backup_leased(
+        repo,
+        (root_fd, root.path()),
+        options,
+        excludes,
+        progress,
+        &lease.checker(),
+        cancel,
+    )
+    .await;
     lease.release().await;
     result
 }
 
 async fn backup_leased(
     repo: &Repository,
-    path: &Path,
+    (root_fd, path): (OwnedFd, &Path),
     options: &BackupOptions,
     excludes: exclude::Excludes,
     progress: Option<ProgressFn>,
@@ -212,7 +240,7 @@ async fn backup_leased(
     let walked = {
         let shared = Arc::clone(&shared);
         tokio::task::spawn_blocking(move || {
-            run_pipeline(&shared, &root_path, parent_root.as_ref(), sink, threads, level)
+            run_pipeline(&shared, root_fd, &root_path, parent_root.as_ref(), sink, threads, level)
         })
         .await
         .map_err(|e| RepoError::Internal { what: "backup pipeline", reason: e.to_string() })
@@ -277,6 +305,7 @@ fn sorted_tags(tags: &[(String, String)]) -> Vec<(String, String)> {
 /// Runs walker, workers and tree builder on threads; returns the root node and counts.
 fn run_pipeline(
     shared: &Shared,
+    root_fd: OwnedFd,
     root: &Path,
     parent: Option<&Node>,
     sink: crate::repo::writer::PackSink,
@@ -307,7 +336,7 @@ fn run_pipeline(
         });
         // The walker recurses once per directory level.
         let walked = crate::sys::on_deep_stack(scope, "backup walker", move || {
-            Walker::new(shared, event_tx, job_tx).walk_root(root, parent)
+            Walker::new(shared, event_tx, job_tx).walk_root(root_fd, root, parent)
         });
         if let Err(e) = walked {
             shared.fail(e);

@@ -103,6 +103,12 @@ fn open_subdir(dir: &OwnedFd, name: &[u8]) -> std::io::Result<OwnedFd> {
     .map_err(io)
 }
 
+/// Opens the backup root by path (not following a symbolic link at its end).
+pub(crate) fn open_root(root: &Path) -> RepoResult<OwnedFd> {
+    nix::fcntl::open(root, dir_flags(), Mode::empty())
+        .map_err(|e| RepoError::io("open backup root", root, io(e)))
+}
+
 /// Sorted names in a directory, without `.` and `..`.
 fn list(dir: &OwnedFd) -> std::io::Result<Vec<Vec<u8>>> {
     let mut d = nix::dir::Dir::from_fd(dir.try_clone()?).map_err(io)?;
@@ -153,10 +159,13 @@ impl<'a> Walker<'a> {
         self.events.send(batch).map_err(|_| RepoError::Cancelled)
     }
 
-    /// Walks the directory at `root`, emitting its `Enter`, entries, and `Leave`.
-    pub(crate) fn walk_root(&mut self, root: &Path, parent: Option<&Node>) -> RepoResult<()> {
-        let fd: OwnedFd = nix::fcntl::open(root, dir_flags(), Mode::empty())
-            .map_err(|e| RepoError::io("open backup root", root, io(e)))?;
+    /// Walks the directory `fd` (at `root`), emitting its `Enter`, entries, and `Leave`.
+    pub(crate) fn walk_root(
+        &mut self,
+        fd: OwnedFd,
+        root: &Path,
+        parent: Option<&Node>,
+    ) -> RepoResult<()> {
         let st = nix::sys::stat::fstat(fd.as_fd())
             .map_err(|e| RepoError::io("stat backup root", root, io(e)))?;
         let xattrs = crate::sys::list_xattrs(crate::sys::Target::Fd(fd.as_fd()))

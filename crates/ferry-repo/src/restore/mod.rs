@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobId, Node, NodeBody, SnapshotId};
+use crate::place::Place;
 use crate::progress::{Counters, ProgressFn, Ticker};
 use crate::repo::{MemIndex, Repository};
 use data::Batch;
@@ -142,6 +143,22 @@ pub async fn restore(
     progress: Option<ProgressFn>,
     cancel: &CancellationToken,
 ) -> RepoResult<RestoreSummary> {
+    restore_at(repo, id, Place::Path(target), options, progress, cancel).await
+}
+
+/// [`restore`] into a directory given by path or already opened (see [`Place`]). An opened
+/// target is written through its descriptor only, and nothing is created for it.
+///
+/// # Errors
+/// As [`restore`].
+pub async fn restore_at(
+    repo: &Repository,
+    id: &SnapshotId,
+    target: Place<'_>,
+    options: &RestoreOptions,
+    progress: Option<ProgressFn>,
+    cancel: &CancellationToken,
+) -> RepoResult<RestoreSummary> {
     let lease = crate::gc::Lease::acquire(
         repo,
         crate::gc::WRITER_LEASES,
@@ -155,10 +172,27 @@ pub async fn restore(
     result
 }
 
+/// The target's directory descriptor: opened from the caller's, or created and opened by path.
+fn open_target(target: Place<'_>) -> RepoResult<OwnedFd> {
+    match target {
+        Place::Opened { fd, shown_as } => crate::place::reopen_dir(fd, shown_as, false),
+        Place::Path(path) => {
+            std::fs::create_dir_all(path)
+                .map_err(|e| RepoError::io("create restore target", path, e))?;
+            nix::fcntl::open(
+                path,
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| RepoError::io("open restore target", path, fsops::err(e)))
+        }
+    }
+}
+
 async fn restore_leased(
     repo: &Repository,
     id: &SnapshotId,
-    target: &Path,
+    place: Place<'_>,
     options: &RestoreOptions,
     progress: Option<ProgressFn>,
     cancel: &CancellationToken,
@@ -184,14 +218,8 @@ async fn restore_leased(
         }
         None => snapshot.root.clone(),
     };
-    std::fs::create_dir_all(target)
-        .map_err(|e| RepoError::io("create restore target", target, e))?;
-    let root_fd: OwnedFd = nix::fcntl::open(
-        target,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| RepoError::io("open restore target", target, fsops::err(e)))?;
+    let root_fd = open_target(place)?;
+    let target = place.path();
     let stop = cancel.child_token();
     let shared = Arc::new(Shared {
         repo: repo.clone(),

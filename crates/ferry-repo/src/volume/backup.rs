@@ -26,6 +26,7 @@ use crate::format::{
     BlobId, ChunkRef, Extent, FileContent, Metadata, Node, NodeBody, ObjectKind, Snapshot,
     SnapshotKind, Summary, Timestamp,
 };
+use crate::place::Place;
 use crate::progress::{Counters, ProgressFn, Ticker};
 use crate::repo::writer::{LocalPacker, PackSink, Uploader, WriteStats, upload_cause};
 use crate::repo::{MemIndex, Repository, hostname};
@@ -117,17 +118,39 @@ pub async fn backup_volume(
     progress: Option<ProgressFn>,
     cancel: &CancellationToken,
 ) -> RepoResult<VolumeBackupSummary> {
+    backup_volume_at(repo, Place::Path(path), options, progress, cancel).await
+}
+
+/// [`backup_volume`] of a device or image given by path or already opened (see [`Place`]).
+///
+/// # Errors
+/// As [`backup_volume`].
+pub async fn backup_volume_at(
+    repo: &Repository,
+    source: Place<'_>,
+    options: &VolumeBackupOptions,
+    progress: Option<ProgressFn>,
+    cancel: &CancellationToken,
+) -> RepoResult<VolumeBackupSummary> {
+    let volume = Volume::open_source(source)?;
     let lease =
         Lease::acquire(repo, WRITER_LEASES, "volume backup", repo.lease_ttl(), cancel).await?;
-    let result =
-        backup_volume_leased(repo, path, options, progress, &lease.checker(), cancel).await;
+    let result = backup_volume_leased(
+        repo,
+        (volume, source.path()),
+        options,
+        progress,
+        &lease.checker(),
+        cancel,
+    )
+    .await;
     lease.release().await;
     result
 }
 
 async fn backup_volume_leased(
     repo: &Repository,
-    path: &Path,
+    (volume, path): (Volume, &Path),
     options: &VolumeBackupOptions,
     progress: Option<ProgressFn>,
     lease: &LeaseCheck,
@@ -136,7 +159,6 @@ async fn backup_volume_leased(
     let started = Instant::now();
     let time = now();
     let chunk_size = check_chunk_size(options.chunk_size)?;
-    let volume = Volume::open_source(path)?;
     let meta = metadata(&volume.file);
     let index = repo.refresh_index(cancel).await?;
     if let Some(id) = &options.parent {

@@ -10,6 +10,7 @@ use nix::fcntl::{FallocateFlags, PosixFadviseAdvice};
 use nix::unistd::Whence;
 
 use crate::error::{RepoError, RepoResult};
+use crate::place::{Place, reopen_file};
 
 /// What a volume path is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,12 +69,16 @@ fn classify(file: &File, path: &Path) -> RepoResult<Option<(DeviceKind, u32)>> {
 
 impl Volume {
     /// Opens a block device or image file for reading.
-    pub(crate) fn open_source(path: &Path) -> RepoResult<Self> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY)
-            .open(path)
-            .map_err(|e| RepoError::io("open volume", path, e))?;
+    pub(crate) fn open_source(place: Place<'_>) -> RepoResult<Self> {
+        let path = place.path();
+        let file = match place {
+            Place::Opened { fd, shown_as } => reopen_file(fd, shown_as, false, false)?,
+            Place::Path(path) => std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY)
+                .open(path)
+                .map_err(|e| RepoError::io("open volume", path, e))?,
+        };
         let Some((kind, block_size)) = classify(&file, path)? else {
             return Err(RepoError::InvalidInput {
                 what: "volume source",
@@ -86,17 +91,31 @@ impl Volume {
 
     /// Opens an existing block device or image file for writing. A block device is opened
     /// exclusively (`O_EXCL`), so a device that is mounted or otherwise claimed is refused.
-    pub(crate) fn open_target(path: &Path) -> RepoResult<Self> {
-        let meta = std::fs::metadata(path).map_err(|e| RepoError::io("stat target", path, e))?;
-        let mut flags = libc::O_CLOEXEC | libc::O_NOCTTY;
-        if meta.file_type().is_block_device() {
-            flags |= libc::O_EXCL;
-        }
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(flags)
-            .open(path)
-            .map_err(|e| RepoError::io("open restore target", path, e))?;
+    pub(crate) fn open_target(place: Place<'_>) -> RepoResult<Self> {
+        let path = place.path();
+        let file = match place {
+            Place::Opened { fd, shown_as } => {
+                let block = nix::sys::stat::fstat(fd)
+                    .map_err(|e| RepoError::io("stat target", path, e.into()))?
+                    .st_mode
+                    & libc::S_IFMT
+                    == libc::S_IFBLK;
+                reopen_file(fd, shown_as, true, block)?
+            }
+            Place::Path(path) => {
+                let meta =
+                    std::fs::metadata(path).map_err(|e| RepoError::io("stat target", path, e))?;
+                let mut flags = libc::O_CLOEXEC | libc::O_NOCTTY;
+                if meta.file_type().is_block_device() {
+                    flags |= libc::O_EXCL;
+                }
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(flags)
+                    .open(path)
+                    .map_err(|e| RepoError::io("open restore target", path, e))?
+            }
+        };
         let Some((kind, block_size)) = classify(&file, path)? else {
             return Err(RepoError::InvalidInput {
                 what: "volume restore target",

@@ -19,9 +19,9 @@ mod restore;
 
 use std::time::Duration;
 
-pub use backup::backup_volume;
+pub use backup::{backup_volume, backup_volume_at};
 pub use map::{MAX_VOLUME_CHUNK, VolumeMap};
-pub use restore::restore_volume;
+pub use restore::{restore_volume, restore_volume_at};
 
 use crate::format::SnapshotId;
 

@@ -2,6 +2,7 @@
 //! fetch their chunks with few merged ranged reads, verify each and write it in place; gaps
 //! are zeroed (or skipped when the target is known to read as zeros); fsync last.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{ChunkRef, FormatError, ObjectKind, SnapshotId, SnapshotKind, open_blob};
+use crate::place::Place;
 use crate::progress::{Counters, ProgressFn, Ticker};
 use crate::repo::{MemIndex, Repository, layout};
 use crate::volume::device::{DeviceKind, Volume, is_zero};
@@ -80,6 +82,23 @@ pub async fn restore_volume(
     progress: Option<ProgressFn>,
     cancel: &CancellationToken,
 ) -> RepoResult<VolumeRestoreSummary> {
+    restore_volume_at(repo, id, Place::Path(target), options, progress, cancel).await
+}
+
+/// [`restore_volume`] onto a device or image given by path or already opened (see
+/// [`Place`]). An opened target is written through its descriptor only: never created,
+/// never replaced.
+///
+/// # Errors
+/// As [`restore_volume`].
+pub async fn restore_volume_at(
+    repo: &Repository,
+    id: &SnapshotId,
+    target: Place<'_>,
+    options: &VolumeRestoreOptions,
+    progress: Option<ProgressFn>,
+    cancel: &CancellationToken,
+) -> RepoResult<VolumeRestoreSummary> {
     let lease = crate::gc::Lease::acquire(
         repo,
         crate::gc::WRITER_LEASES,
@@ -96,7 +115,7 @@ pub async fn restore_volume(
 async fn restore_volume_leased(
     repo: &Repository,
     id: &SnapshotId,
-    target: &Path,
+    place: Place<'_>,
     options: &VolumeRestoreOptions,
     progress: Option<ProgressFn>,
     cancel: &CancellationToken,
@@ -114,7 +133,8 @@ async fn restore_volume_leased(
     }
     let map = VolumeMap::from_snapshot(&snapshot).map_err(|e| RepoError::corrupt(object(), e))?;
     let index = repo.refresh_index(cancel).await?;
-    let (volume, created, zeroed) = open_target(target, map.size, options.target_zeroed)?;
+    let target = place.path();
+    let (volume, created, zeroed) = open_target(place, map.size, options.target_zeroed)?;
     let target_size = volume.size.max(map.size);
     let stop = cancel.child_token();
     let shared = Arc::new(Shared {
@@ -165,24 +185,32 @@ async fn restore_volume_leased(
 
 /// Opens or creates the target; returns it with whether it was created and whether it reads
 /// as zeros everywhere a gap is.
-fn open_target(path: &Path, size: u64, zeroed: bool) -> RepoResult<(Volume, bool, bool)> {
-    match std::fs::metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+fn open_target(place: Place<'_>, size: u64, zeroed: bool) -> RepoResult<(Volume, bool, bool)> {
+    let path = place.path();
+    let is_dir = |mode: u32| mode & libc::S_IFMT == libc::S_IFDIR;
+    let existing = match place {
+        Place::Path(path) => std::fs::metadata(path).map(|m| is_dir(m.mode())),
+        Place::Opened { fd, .. } => {
+            nix::sys::stat::fstat(fd).map(|st| is_dir(st.st_mode)).map_err(Into::into)
+        }
+    };
+    match existing {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && matches!(place, Place::Path(_)) => {
             let mut v = Volume::create_image(path)?;
             v.file.set_len(size).map_err(|e| RepoError::io("size image file", path, e))?;
             v.size = size;
             Ok((v, true, true))
         }
         Err(e) => Err(RepoError::io("stat restore target", path, e)),
-        Ok(m) if m.is_dir() => Err(RepoError::InvalidInput {
+        Ok(true) => Err(RepoError::InvalidInput {
             what: "volume restore target",
             reason: format!(
                 "{} is a directory; a volume restores onto a block device or an image file",
                 path.display()
             ),
         }),
-        Ok(_) => {
-            let mut v = Volume::open_target(path)?;
+        Ok(false) => {
+            let mut v = Volume::open_target(place)?;
             if v.size >= size {
                 return Ok((v, false, zeroed));
             }

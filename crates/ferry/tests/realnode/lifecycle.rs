@@ -82,7 +82,7 @@ cd /data && for f in $(ls | sort); do echo \"$f $(md5sum < $f | cut -d' ' -f1)\"
     let name = name_of(&du);
 
     // Wait until bytes move, then delete the agent's pod.
-    node::wait_bytes_moving(&client, &name).await?;
+    node::wait_bytes_moving::<DataUpload>(&client, &name).await?;
     let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let agent = pods.list(&ListParams::default().labels(AGENT_LABELS)).await?.items;
@@ -229,7 +229,7 @@ async fn a_canceled_upload_ends_canceled_and_leaves_nothing() -> TestResult {
     let snapshot = node::snapshot(&client, &ns, "big").await?;
     let du = node::data_upload(&client, &ns, "big", &snapshot, "cancel").await?;
     let name = name_of(&du);
-    node::wait_bytes_moving(&client, &name).await?;
+    node::wait_bytes_moving::<DataUpload>(&client, &name).await?;
     let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     uploads
         .patch(

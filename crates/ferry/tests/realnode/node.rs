@@ -16,6 +16,25 @@ use crate::velero_crs::{self, Classes, Mover};
 
 pub type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// A Velero CR in Velero's namespace, read whole or as JSON (DataUpload, DataDownload).
+pub trait VeleroCr:
+    kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+    + Clone
+    + serde::Serialize
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+{
+}
+
+impl<K> VeleroCr for K where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+{
+}
+
 /// The bound on every wait: generous, since the machine may be loaded.
 pub const WAIT: Duration = Duration::from_secs(300);
 /// The data mover name the chart's agent handles.
@@ -24,7 +43,7 @@ pub const MOVER: &str = "ferry";
 pub const BSL: &str = "default";
 const BUCKET: &str = "ferry-realnode";
 /// moto takes any key; the agents read these from the BSL's Secret, the CLI from the env.
-const CREDENTIALS: (&str, &str) = ("ferry-realnode", "ferry-realnode-secret");
+pub const CREDENTIALS: (&str, &str) = ("ferry-realnode", "ferry-realnode-secret");
 
 /// Held for reading by every test, for writing by a test that disrupts the agent (deletes its
 /// pod): the others never see their agent go away mid-test.
@@ -172,65 +191,7 @@ pub async fn run_pod(
             "volumes": [{ "name": "v", "persistentVolumeClaim": { "claimName": pvc } }],
         },
     }))?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    pods.create(&PostParams::default(), &pod).await?;
-    let deadline = Instant::now() + WAIT;
-    let result = loop {
-        let p = pods.get(&name).await?;
-        let status = p.status.clone().unwrap_or_default();
-        let terminated = status
-            .container_statuses
-            .unwrap_or_default()
-            .into_iter()
-            .find_map(|c| c.state.and_then(|s| s.terminated));
-        if let Some(t) = terminated {
-            let message = t.message.unwrap_or_default();
-            if t.exit_code != 0 {
-                break Err(format!("pod {ns}/{name} failed ({}): {message}", t.exit_code));
-            }
-            break Ok(message);
-        }
-        if Instant::now() > deadline {
-            break Err(format!("pod {ns}/{name} did not finish within {WAIT:?}: {:?}", p.status));
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    pods.delete(&name, &Default::default()).await?;
-    wait_gone(&pods, &name).await?;
-    // An ended pod leaves the API at once, before the kubelet has unmapped its volume: wait
-    // for that too, so a test that deletes the PVC next does not race the kubelet.
-    volume_released(client, ns, pvc).await?;
-    Ok(result?)
-}
-
-/// Waits until the node no longer lists the volume of PVC `ns/pvc` in use.
-async fn volume_released(
-    client: &Client,
-    ns: &str,
-    pvc: &str,
-) -> Result<(), Box<dyn std::error::Error>> {
-    use ferry_api::k8s_openapi::api::core::v1::{Node as KubeNode, PersistentVolume};
-    let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns).get(pvc).await?;
-    let Some(volume) = claim.spec.and_then(|s| s.volume_name) else { return Ok(()) };
-    let pv = Api::<PersistentVolume>::all(client.clone()).get(&volume).await?;
-    let handle = pv.spec.and_then(|s| s.csi).map(|c| c.volume_handle).unwrap_or(volume);
-    let nodes: Api<KubeNode> = Api::all(client.clone());
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let in_use = nodes
-            .get(realnode::NODE_NAME)
-            .await?
-            .status
-            .and_then(|s| s.volumes_in_use)
-            .unwrap_or_default();
-        if !in_use.iter().any(|v| v.ends_with(&handle)) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!("the node still uses {handle} after {WAIT:?}").into());
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    Ok(ferry_testbed::workload::run_to_completion(client, &pod, WAIT).await?)
 }
 
 async fn wait_gone<K>(api: &Api<K>, name: &str) -> Result<(), Box<dyn std::error::Error>>
@@ -289,13 +250,26 @@ pub async fn data_upload(
     snapshot: &str,
     backup: &str,
 ) -> Result<DataUpload, Box<dyn std::error::Error>> {
+    data_upload_to(client, BSL, ns, pvc, snapshot, backup).await
+}
+
+/// [`data_upload`] into the storage location `bsl`.
+pub async fn data_upload_to(
+    client: &Client,
+    bsl: &str,
+    ns: &str,
+    pvc: &str,
+    snapshot: &str,
+    backup: &str,
+) -> Result<DataUpload, Box<dyn std::error::Error>> {
     let source = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns).get(pvc).await?;
     let classes = Classes {
         storage_class: realnode::STORAGE_CLASS,
         snapshot_class: realnode::SNAPSHOT_CLASS,
         driver: realnode::DRIVER,
     };
-    let du = velero_crs::data_upload(&mover(), &classes, backup, &uid(), &source, snapshot)?;
+    let mover = Mover { datamover: MOVER, bsl };
+    let du = velero_crs::data_upload(&mover, &classes, backup, &uid(), &source, snapshot)?;
     Ok(Api::<DataUpload>::namespaced(client.clone(), VELERO_NAMESPACE)
         .create(&PostParams::default(), &du)
         .await?)
@@ -322,14 +296,12 @@ pub async fn data_download(
     let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &pvc)
         .await?;
-    let dd = velero_crs::data_download(&mover(), restore, &uid(), &pvc, from)?;
+    let bsl = from.spec.backup_storage_location.as_str();
+    let dd =
+        velero_crs::data_download(&Mover { datamover: MOVER, bsl }, restore, &uid(), &pvc, from)?;
     Ok(Api::<DataDownload>::namespaced(client.clone(), VELERO_NAMESPACE)
         .create(&PostParams::default(), &dd)
         .await?)
-}
-
-fn mover() -> Mover<'static> {
-    Mover { datamover: MOVER, bsl: BSL }
 }
 
 /// Waits until the DataUpload `name` is Completed; fails at once on Failed or Canceled with
@@ -368,17 +340,11 @@ pub async fn wait_download(
 }
 
 /// Polls the CR `name` in Velero's namespace until `outcome` says it ended (`Ok`: as hoped).
-async fn wait_done<K>(
+async fn wait_done<K: VeleroCr>(
     client: &Client,
     name: &str,
     outcome: impl Fn(&K) -> Option<Result<(), String>>,
-) -> Result<K, Box<dyn std::error::Error>>
-where
-    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
+) -> Result<K, Box<dyn std::error::Error>> {
     let api: Api<K> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let deadline = Instant::now() + WAIT;
     loop {
@@ -457,23 +423,25 @@ pub async fn delete_pvc(client: &Client, ns: &str, name: &str) -> TestResult {
     wait_gone(&api, name).await
 }
 
-/// Waits until the DataUpload `name` has moved bytes (and has not ended): the moment to disturb
-/// it.
-pub async fn wait_bytes_moving(client: &Client, name: &str) -> TestResult {
-    let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+/// Waits until the DataUpload or DataDownload `name` has moved bytes (and has not ended): the
+/// moment to disturb it.
+pub async fn wait_bytes_moving<K: VeleroCr>(client: &Client, name: &str) -> TestResult {
+    let api: Api<K> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let deadline = Instant::now() + WAIT;
     loop {
-        let status = uploads.get(name).await?.status.unwrap_or_default();
-        if status.progress.bytes_done > 0 {
+        let status = serde_json::to_value(api.get(name).await?)?["status"].take();
+        if status["progress"]["bytesDone"].as_i64().unwrap_or(0) > 0 {
             return Ok(());
         }
-        if status.phase == Some(ferry_api::DataUploadPhase::Completed) {
-            return Err(
-                "the upload ended before it could be disturbed; make the volume larger".into()
-            );
+        if ["Completed", "Failed", "Canceled"].contains(&status["phase"].as_str().unwrap_or("")) {
+            return Err(format!(
+                "{} {name} ended before it could be disturbed; make the volume larger: {status}",
+                K::kind(&())
+            )
+            .into());
         }
         if Instant::now() > deadline {
-            return Err(format!("no bytes moved within {WAIT:?}: {status:?}").into());
+            return Err(format!("no bytes moved within {WAIT:?}: {status}").into());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -1,0 +1,321 @@
+//! The pod holding an exposed volume deleted or evicted while its CR waits for the node's one
+//! data-movement slot or while its data moves: the CR fails saying so and never completes with
+//! data missing, a restore is never handed to its PVC, and nothing is written on the node's
+//! disk in the volume's place. The data path is held mid-transfer by stalling the network of
+//! its storage location (a BSL of its own behind a relay with a gate), so the moment is
+//! certain, not a race with the transfer.
+
+use std::time::{Duration, Instant};
+
+use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use ferry_api::{DataDownload, DataUpload};
+use ferry_testbed::netns::Gate;
+use ferry_testbed::realnode::{self, KUBELET_ROOT};
+use ferry_testbed::{S3Server, VELERO_NAMESPACE};
+use kube::Client;
+use kube::api::{Api, EvictParams};
+use tokio::sync::OnceCell;
+
+use crate::node::{self, TestResult, VeleroCr, WAIT, name_of};
+use crate::velero_crs;
+
+/// The storage location whose network the tests stall.
+const GATED_BSL: &str = "gated";
+const GATED_BUCKET: &str = "ferry-realnode-gated";
+/// Where the node reaches the gated relay.
+const GATED_PORT: u16 = 7480;
+
+const WRITE_FILES: &str = "set -e; cd /data; for i in $(seq 1 12); do dd if=/dev/urandom of=blob$i bs=1M count=25 2>/dev/null; done; sync";
+const WRITE_DEVICE: &str =
+    "dd if=/dev/urandom of=/dev/volume bs=1M count=200 conv=fsync 2>/dev/null";
+
+/// The gate of the gated location, set up on first use (a bucket, a relay into the node and
+/// the BSL).
+async fn gate(node: &node::Node) -> Result<&'static Gate, Box<dyn std::error::Error>> {
+    static GATED: OnceCell<ferry_testbed::netns::Forwarder> = OnceCell::const_new();
+    let relay = GATED
+        .get_or_try_init(|| async {
+            let s3 = S3Server::shared();
+            s3.create_bucket(GATED_BUCKET)?;
+            let port: u16 = s3.endpoint().rsplit(':').next().unwrap_or_default().parse()?;
+            let relay = node.cluster.relay_host_port(GATED_PORT, port)?;
+            let endpoint = format!("http://{}:{GATED_PORT}", realnode::NODE_IP);
+            velero_crs::create_bsl(
+                &node.client()?,
+                GATED_BSL,
+                GATED_BUCKET,
+                &endpoint,
+                node::CREDENTIALS,
+            )
+            .await?;
+            Ok::<_, Box<dyn std::error::Error>>(relay)
+        })
+        .await?;
+    static GATE: std::sync::OnceLock<Gate> = std::sync::OnceLock::new();
+    Ok(GATE.get_or_init(|| relay.gate()))
+}
+
+/// Held by each test of this file for its whole length: they share the gate.
+static GATED_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Opens the gate when dropped, also when a test fails.
+struct Reopen(&'static Gate);
+
+impl Drop for Reopen {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
+/// The CR's status as JSON.
+async fn status_of<K: VeleroCr>(
+    client: &Client,
+    name: &str,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let api: Api<K> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    Ok(serde_json::to_value(api.get(name).await?)?["status"].take())
+}
+
+/// With the gate closed: waits until the CR is InProgress, then lets the network through in
+/// short bursts until some bytes have moved, and leaves it closed: the transfer is stalled
+/// part-way.
+async fn stall_mid_transfer<K: VeleroCr>(client: &Client, name: &str, gate: &Gate) -> TestResult {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = status_of::<K>(client, name).await?;
+        let phase = status["phase"].as_str().unwrap_or_default().to_owned();
+        let (done, total) = (
+            status["progress"]["bytesDone"].as_i64().unwrap_or(0),
+            status["progress"]["totalBytes"].as_i64().unwrap_or(0),
+        );
+        if phase == "InProgress" && done > 0 {
+            assert!(done < total || total == 0, "{name} moved everything already: {status}");
+            return Ok(());
+        }
+        if ["Completed", "Failed", "Canceled"].contains(&phase.as_str()) {
+            return Err(format!("{name} ended before it was stalled: {status}").into());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{name} did not move bytes within {WAIT:?}: {status}").into());
+        }
+        if phase == "InProgress" {
+            gate.open();
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            gate.close();
+            // The agent writes progress every second.
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// How a holding pod goes away.
+#[derive(Debug, Clone, Copy)]
+enum Remove {
+    Delete,
+    Evict,
+}
+
+/// Deletes or evicts the holding pod of CR `name` once it runs; returns its UID.
+async fn remove_holder(
+    client: &Client,
+    name: &str,
+    how: Remove,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let deadline = Instant::now() + WAIT;
+    let pod = loop {
+        let pod = pods.get_opt(name).await?;
+        let phase = pod.as_ref().and_then(|p| p.status.as_ref()).and_then(|s| s.phase.clone());
+        if let (Some(pod), Some("Running")) = (&pod, phase.as_deref()) {
+            break pod.clone();
+        }
+        if Instant::now() > deadline {
+            return Err(format!("holding pod {name} not running after {WAIT:?}: {phase:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    match how {
+        Remove::Delete => {
+            pods.delete(name, &Default::default()).await?;
+        }
+        Remove::Evict => {
+            pods.evict(name, &EvictParams::default()).await?;
+        }
+    }
+    Ok(pod.metadata.uid.unwrap_or_default())
+}
+
+/// Waits until CR `name` ends; it must be Failed, saying that the holding pod went away.
+async fn wait_failed<K: VeleroCr>(
+    client: &Client,
+    name: &str,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = status_of::<K>(client, name).await?;
+        match status["phase"].as_str().unwrap_or_default() {
+            "Failed" => {
+                let message = status["message"].as_str().unwrap_or_default();
+                assert!(
+                    message.contains(&format!("pod {VELERO_NAMESPACE}/{name} holding the volume")),
+                    "{message}"
+                );
+                return Ok(status);
+            }
+            phase @ ("Completed" | "Canceled") => {
+                return Err(format!(
+                    "{name} ended {phase} after its holding pod went away: {status}"
+                )
+                .into());
+            }
+            _ => {}
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{name} not ended {WAIT:?} after its holding pod went away: {status}"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The kubelet removes the directory of the deleted pod `uid`: nothing was written there in
+/// place of the unmounted volume (the kubelet keeps a pod directory with files in it).
+async fn kubelet_forgets(node: &node::Node, uid: &str) -> TestResult {
+    let dir = node.cluster.node_path(&std::path::Path::new(KUBELET_ROOT).join("pods").join(uid));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while dir.exists() {
+        if Instant::now() > deadline {
+            let left: Vec<String> = walk(&dir);
+            return Err(format!(
+                "the kubelet keeps {} of a deleted holding pod: {left:?}",
+                dir.display()
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        out.push(path.display().to_string());
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(walk(&path));
+        }
+    }
+    out
+}
+
+/// A file-system PVC `files` (300 MB in 12 files) and a block PVC `disk` (200 MB) in `ns`.
+async fn filled_volumes(client: &Client, ns: &str) -> TestResult {
+    node::create_pvc(client, ns, "files", "512Mi", "Filesystem").await?;
+    node::run_pod(client, ns, "files", false, WRITE_FILES).await?;
+    node::create_pvc(client, ns, "disk", "256Mi", "Block").await?;
+    node::run_pod(client, ns, "disk", true, WRITE_DEVICE).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn holding_pods_gone_while_waiting_for_a_slot_or_mid_backup_fail_their_uploads() -> TestResult
+{
+    let node = node::node();
+    let _agent = node::AGENT.read().await;
+    let _alone = GATED_TESTS.lock().await;
+    let client = node.client()?;
+    let gate = gate(node).await?;
+    let ns = node.namespace("held-up").await?;
+    filled_volumes(&client, &ns).await?;
+    let (files, disk) =
+        (node::snapshot(&client, &ns, "files").await?, node::snapshot(&client, &ns, "disk").await?);
+
+    let _reopen = Reopen(gate);
+    gate.close();
+    let moving =
+        node::data_upload_to(&client, GATED_BSL, &ns, "files", &files, "held-moving").await?;
+    let moving = name_of(&moving);
+    stall_mid_transfer::<DataUpload>(&client, &moving, gate).await?;
+    // The node's only data-movement slot (the chart's concurrency is 1) is taken: this one
+    // waits, Prepared, with its volume located.
+    let waiting = name_of(&node::data_upload(&client, &ns, "disk", &disk, "held-waiting").await?);
+    let waiting_uid = remove_holder(&client, &waiting, Remove::Evict).await?;
+    let status = wait_failed::<DataUpload>(&client, &waiting).await?;
+    assert!(status["startTimestamp"].is_null(), "it never started moving: {status}");
+
+    let moving_uid = remove_holder(&client, &moving, Remove::Delete).await?;
+    let status = wait_failed::<DataUpload>(&client, &moving).await?;
+    let message = status["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("while the data moved")
+            && message.contains("nothing of this backup was recorded"),
+        "{message}"
+    );
+    assert_eq!(status["snapshotID"].as_str().unwrap_or_default(), "", "no snapshot: {status}");
+    gate.open();
+
+    kubelet_forgets(node, &waiting_uid).await?;
+    kubelet_forgets(node, &moving_uid).await?;
+    node::delete_pvc(&client, &ns, "files").await?;
+    node::delete_pvc(&client, &ns, "disk").await?;
+    node::no_leaked_devices(node).await
+}
+
+#[tokio::test]
+async fn holding_pods_gone_mid_restore_fail_their_downloads_and_nothing_is_handed_over()
+-> TestResult {
+    let node = node::node();
+    let _agent = node::AGENT.read().await;
+    let _alone = GATED_TESTS.lock().await;
+    let client = node.client()?;
+    let gate = gate(node).await?;
+    let ns = node.namespace("held-down").await?;
+    filled_volumes(&client, &ns).await?;
+    let mut backups = Vec::new();
+    for pvc in ["files", "disk"] {
+        let snapshot = node::snapshot(&client, &ns, pvc).await?;
+        let du = node::data_upload_to(&client, GATED_BSL, &ns, pvc, &snapshot, "held").await?;
+        backups.push(node::wait_upload(&client, &name_of(&du)).await?);
+    }
+
+    let _reopen = Reopen(gate);
+    let target = node.namespace("held-down-to").await?;
+    let mut gone = Vec::new();
+    for ((pvc, size, mode, how), from) in [
+        ("files", "512Mi", "Filesystem", Remove::Delete),
+        ("disk", "256Mi", "Block", Remove::Evict),
+    ]
+    .into_iter()
+    .zip(&backups)
+    {
+        gate.close();
+        let dd = node::data_download(&client, &target, pvc, size, mode, from, "held-r").await?;
+        let dd = name_of(&dd);
+        stall_mid_transfer::<DataDownload>(&client, &dd, gate).await?;
+        gone.push(remove_holder(&client, &dd, how).await?);
+        let status = wait_failed::<DataDownload>(&client, &dd).await?;
+        let message = status["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("the restored volume is incomplete and was not handed over"),
+            "{message}"
+        );
+        gate.open();
+        // Never handed over: the user's PVC stays unbound.
+        let claim =
+            Api::<PersistentVolumeClaim>::namespaced(client.clone(), &target).get(pvc).await?;
+        let bound = claim.spec.and_then(|s| s.volume_name).unwrap_or_default();
+        assert_eq!(bound, "", "target PVC {target}/{pvc} bound after a failed restore");
+    }
+    for uid in &gone {
+        kubelet_forgets(node, uid).await?;
+    }
+    for (namespace, pvc) in [(&ns, "files"), (&ns, "disk"), (&target, "files"), (&target, "disk")] {
+        node::delete_pvc(&client, namespace, pvc).await?;
+    }
+    node::no_leaked_devices(node).await
+}
