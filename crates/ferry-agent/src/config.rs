@@ -41,6 +41,11 @@ pub struct AgentConfig {
     /// The longest pause between looks for an exposed volume on this node while it is not
     /// there yet (the first look again comes after 25 ms, pauses doubling up to this).
     pub locate_interval: Duration,
+    /// How often the exposer is asked whether a located volume is still held (its holding
+    /// pod not deleted, evicted or replaced) while the CR waits for a slot and while its data
+    /// moves. The data path holds the volume open meanwhile, so this bounds how soon a lost
+    /// holder fails the CR, not whether data can go astray.
+    pub holder_check_interval: Duration,
     /// How many times a node may take over a CR from nodes that stopped; one more lost node
     /// fails the CR instead, so a CR cannot bounce between dying nodes forever.
     pub max_takeovers: u32,
@@ -65,6 +70,7 @@ impl AgentConfig {
             lease_duration: Duration::from_secs(15),
             recheck_interval: Duration::from_secs(5),
             locate_interval: Duration::from_secs(1),
+            holder_check_interval: Duration::from_secs(5),
             max_takeovers: 3,
         }
     }
@@ -109,6 +115,7 @@ impl AgentConfig {
             ("prepare timeout", self.prepare_timeout),
             ("recheck interval", self.recheck_interval),
             ("locate interval", self.locate_interval),
+            ("holder check interval", self.holder_check_interval),
         ] {
             if value.is_zero() {
                 return bad(format!("{name} must not be zero"));

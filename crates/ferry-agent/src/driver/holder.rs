@@ -12,6 +12,9 @@ use crate::context::Ctx;
 use crate::error::{WorkError, error_chain};
 use crate::resource::MoverCr;
 
+/// The bound on the last look before a CR completes.
+const LAST_LOOK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A running watch; stops when dropped.
 pub(super) struct HolderWatch {
     token: CancellationToken,
@@ -20,7 +23,7 @@ pub(super) struct HolderWatch {
 }
 
 impl HolderWatch {
-    /// Starts asking the exposer every locate interval whether `volume` is still held.
+    /// Starts asking the exposer every holder check interval whether `volume` is still held.
     pub(super) fn start<C: MoverCr>(
         ctx: &Arc<Ctx<C>>,
         cr: &C,
@@ -29,10 +32,13 @@ impl HolderWatch {
     ) -> Self {
         let token = work.child_token();
         let lost = Arc::new(Mutex::new(None));
+        // The watch needs the holder's identity, not the volume's descriptor: releasing the
+        // volume must close it.
+        let identity = ExposedVolume { root: None, ..volume.clone() };
         let task = tokio::spawn(watch(
             Arc::clone(ctx),
             cr.clone(),
-            volume.clone(),
+            identity,
             token.clone(),
             Arc::clone(&lost),
         ));
@@ -59,15 +65,16 @@ impl HolderWatch {
     ) -> Result<(), String> {
         if let Some(task) = self.task.take() {
             task.abort();
-            // Its copy of the volume (and so of the volume's descriptor) is gone after this.
-            let _ = task.await;
         }
         if let Some(reason) = self.lost() {
             return Err(reason);
         }
-        match C::exposer(&ctx.backends).still_held(cr, volume).await {
-            Ok(()) | Err(WorkError::Canceled) => Ok(()),
-            Err(e) => Err(error_chain(&e)),
+        // The volume stayed open throughout, so an exposer that cannot answer in time does
+        // not hold the CR back.
+        let asked = C::exposer(&ctx.backends).still_held(cr, volume);
+        match tokio::time::timeout(LAST_LOOK_TIMEOUT, asked).await {
+            Ok(Ok(()) | Err(WorkError::Canceled)) | Err(_) => Ok(()),
+            Ok(Err(e)) => Err(error_chain(&e)),
         }
     }
 }
@@ -91,7 +98,7 @@ async fn watch<C: MoverCr>(
     loop {
         tokio::select! {
             () = token.cancelled() => return,
-            () = tokio::time::sleep(ctx.config.locate_interval) => {}
+            () = tokio::time::sleep(ctx.config.holder_check_interval) => {}
         }
         let checked = tokio::select! {
             checked = exposer.still_held(&cr, &volume) => checked,

@@ -52,12 +52,7 @@ pub(super) async fn move_data<C: MoverCr>(
     let moving = holder.token().clone();
     let slot = take_slot(ctx, &moving).await;
     if let Some(reason) = holder.lost() {
-        return fail(
-            ctx,
-            cr,
-            lost_message(ctx, "while it waited for a data-movement slot", &reason),
-        )
-        .await;
+        return fail(ctx, cr, lost_message(ctx, false, &reason)).await;
     }
     let Some(_slot) = slot else { return Ok(()) };
     let Some(cr) = start(ctx, cr, resume, &volume).await? else { return Ok(()) };
@@ -100,7 +95,7 @@ pub(super) async fn move_data<C: MoverCr>(
     };
     ctx.metrics.moved(C::KIND, progress.snapshot().bytes_done, started.elapsed(), outcome_kind);
     if let Err(reason) = held {
-        return fail(ctx, cr, lost_message(ctx, "while the data moved", &reason)).await;
+        return fail(ctx, cr, lost_message(ctx, true, &reason)).await;
     }
     match result {
         Ok(outcome) => {
@@ -133,11 +128,17 @@ pub(super) async fn move_data<C: MoverCr>(
     }
 }
 
-/// The failure message when the exposed volume stopped being held.
-fn lost_message<C: MoverCr>(ctx: &Ctx<C>, when: &str, reason: &str) -> String {
-    let what = match report::Direction::of(C::KIND) {
-        report::Direction::Upload => "nothing of this backup was recorded",
-        report::Direction::Download => "the restored volume is incomplete and was not handed over",
+/// The failure message when the exposed volume stopped being held, before (`moving` false:
+/// while waiting for a slot) or while the data moved.
+fn lost_message<C: MoverCr>(ctx: &Ctx<C>, moving: bool, reason: &str) -> String {
+    let (when, what) = match (moving, report::Direction::of(C::KIND)) {
+        (false, _) => ("while it waited for a data-movement slot", "no data was moved"),
+        (true, report::Direction::Upload) => {
+            ("while the data moved", "nothing of this backup was recorded")
+        }
+        (true, report::Direction::Download) => {
+            ("while the data moved", "the restored volume is incomplete and was not handed over")
+        }
     };
     format!(
         "the exposed volume stopped being available on node {} {when}: {reason}; {what}. \

@@ -116,6 +116,7 @@ pub fn fast(config: &mut AgentConfig) {
     config.progress_interval = Duration::from_millis(200);
     config.recheck_interval = Duration::from_millis(500);
     config.locate_interval = Duration::from_millis(100);
+    config.holder_check_interval = Duration::from_millis(100);
     config.lease_duration = Duration::from_secs(3);
     config.prepare_timeout = Duration::from_secs(60);
     config.concurrency = 2;

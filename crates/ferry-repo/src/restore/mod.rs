@@ -375,6 +375,10 @@ fn run(
     )
     .map_err(|e| RepoError::io("set metadata of", target, e))?;
     shared.warn(warnings);
+    // Everything written reaches the disk before the restore says it is done: a write-back
+    // error is this restore's failure, not a later unmount's.
+    nix::unistd::syncfs(root_fd.as_fd())
+        .map_err(|e| RepoError::io("flush the restored files of", target, fsops::err(e)))?;
     counts.dirs += 1;
     Ok(counts)
 }

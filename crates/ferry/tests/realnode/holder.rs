@@ -55,9 +55,6 @@ async fn gate(node: &node::Node) -> Result<&'static Gate, Box<dyn std::error::Er
     Ok(GATE.get_or_init(|| relay.gate()))
 }
 
-/// Held by each test of this file for its whole length: they share the gate.
-static GATED_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// Opens the gate when dropped, also when a test fails.
 struct Reopen(&'static Gate);
 
@@ -117,11 +114,13 @@ enum Remove {
     Evict,
 }
 
-/// Deletes or evicts the holding pod of CR `name` once it runs; returns its UID.
+/// Deletes or evicts the holding pod of CR `name` once it runs (and, with `located`, once the
+/// agent has had time to find its volume: it looks at least every second); returns its UID.
 async fn remove_holder(
     client: &Client,
     name: &str,
     how: Remove,
+    located: bool,
 ) -> Result<String, Box<dyn std::error::Error>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let deadline = Instant::now() + WAIT;
@@ -136,6 +135,9 @@ async fn remove_holder(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    if located {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
     match how {
         Remove::Delete => {
             pods.delete(name, &Default::default()).await?;
@@ -182,11 +184,19 @@ async fn wait_failed<K: VeleroCr>(
     }
 }
 
+/// A failed restore was never handed over: the user's PVC `ns/pvc` stays unbound.
+async fn unbound(client: &Client, ns: &str, pvc: &str) -> TestResult {
+    let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns).get(pvc).await?;
+    let bound = claim.spec.and_then(|s| s.volume_name).unwrap_or_default();
+    assert_eq!(bound, "", "target PVC {ns}/{pvc} bound after a failed restore");
+    Ok(())
+}
+
 /// The kubelet removes the directory of the deleted pod `uid`: nothing was written there in
 /// place of the unmounted volume (the kubelet keeps a pod directory with files in it).
 async fn kubelet_forgets(node: &node::Node, uid: &str) -> TestResult {
     let dir = node.cluster.node_path(&std::path::Path::new(KUBELET_ROOT).join("pods").join(uid));
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + WAIT;
     while dir.exists() {
         if Instant::now() > deadline {
             let left: Vec<String> = walk(&dir);
@@ -226,8 +236,9 @@ async fn filled_volumes(client: &Client, ns: &str) -> TestResult {
 async fn holding_pods_gone_while_waiting_for_a_slot_or_mid_backup_fail_their_uploads() -> TestResult
 {
     let node = node::node();
-    let _agent = node::AGENT.read().await;
-    let _alone = GATED_TESTS.lock().await;
+    // Alone: the stalled transfer holds the node's only data-movement slot, and the tests
+    // share the gate.
+    let _agent = node::AGENT.write().await;
     let client = node.client()?;
     let gate = gate(node).await?;
     let ns = node.namespace("held-up").await?;
@@ -244,11 +255,17 @@ async fn holding_pods_gone_while_waiting_for_a_slot_or_mid_backup_fail_their_upl
     // The node's only data-movement slot (the chart's concurrency is 1) is taken: this one
     // waits, Prepared, with its volume located.
     let waiting = name_of(&node::data_upload(&client, &ns, "disk", &disk, "held-waiting").await?);
-    let waiting_uid = remove_holder(&client, &waiting, Remove::Evict).await?;
+    let waiting_uid = remove_holder(&client, &waiting, Remove::Evict, true).await?;
     let status = wait_failed::<DataUpload>(&client, &waiting).await?;
     assert!(status["startTimestamp"].is_null(), "it never started moving: {status}");
+    let message = status["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("while it waited for a data-movement slot")
+            && message.contains("no data was moved"),
+        "{message}"
+    );
 
-    let moving_uid = remove_holder(&client, &moving, Remove::Delete).await?;
+    let moving_uid = remove_holder(&client, &moving, Remove::Delete, false).await?;
     let status = wait_failed::<DataUpload>(&client, &moving).await?;
     let message = status["message"].as_str().unwrap_or_default();
     assert!(
@@ -270,8 +287,9 @@ async fn holding_pods_gone_while_waiting_for_a_slot_or_mid_backup_fail_their_upl
 async fn holding_pods_gone_mid_restore_fail_their_downloads_and_nothing_is_handed_over()
 -> TestResult {
     let node = node::node();
-    let _agent = node::AGENT.read().await;
-    let _alone = GATED_TESTS.lock().await;
+    // Alone: the stalled transfer holds the node's only data-movement slot, and the tests
+    // share the gate.
+    let _agent = node::AGENT.write().await;
     let client = node.client()?;
     let gate = gate(node).await?;
     let ns = node.namespace("held-down").await?;
@@ -297,7 +315,25 @@ async fn holding_pods_gone_mid_restore_fail_their_downloads_and_nothing_is_hande
         let dd = node::data_download(&client, &target, pvc, size, mode, from, "held-r").await?;
         let dd = name_of(&dd);
         stall_mid_transfer::<DataDownload>(&client, &dd, gate).await?;
-        gone.push(remove_holder(&client, &dd, how).await?);
+        if pvc == "files" {
+            // The case that restored onto the node's own disk once: a file-system restore
+            // whose volume is located, then unmounted while it waits for the slot the stalled
+            // one holds.
+            let waiting =
+                node::data_download(&client, &target, "waiting", size, mode, from, "held-w")
+                    .await?;
+            let waiting = name_of(&waiting);
+            gone.push(remove_holder(&client, &waiting, Remove::Delete, true).await?);
+            let status = wait_failed::<DataDownload>(&client, &waiting).await?;
+            let message = status["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains("while it waited for a data-movement slot")
+                    && message.contains("no data was moved"),
+                "{message}"
+            );
+            unbound(&client, &target, "waiting").await?;
+        }
+        gone.push(remove_holder(&client, &dd, how, false).await?);
         let status = wait_failed::<DataDownload>(&client, &dd).await?;
         let message = status["message"].as_str().unwrap_or_default();
         assert!(
@@ -305,16 +341,13 @@ async fn holding_pods_gone_mid_restore_fail_their_downloads_and_nothing_is_hande
             "{message}"
         );
         gate.open();
-        // Never handed over: the user's PVC stays unbound.
-        let claim =
-            Api::<PersistentVolumeClaim>::namespaced(client.clone(), &target).get(pvc).await?;
-        let bound = claim.spec.and_then(|s| s.volume_name).unwrap_or_default();
-        assert_eq!(bound, "", "target PVC {target}/{pvc} bound after a failed restore");
+        unbound(&client, &target, pvc).await?;
     }
     for uid in &gone {
         kubelet_forgets(node, uid).await?;
     }
-    for (namespace, pvc) in [(&ns, "files"), (&ns, "disk"), (&target, "files"), (&target, "disk")] {
+    let claims = [(&ns, "files"), (&ns, "disk"), (&target, "files"), (&target, "disk")];
+    for (namespace, pvc) in claims.into_iter().chain([(&target, "waiting")]) {
         node::delete_pvc(&client, namespace, pvc).await?;
     }
     node::no_leaked_devices(node).await

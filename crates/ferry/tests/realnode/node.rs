@@ -96,7 +96,8 @@ async fn set_up() -> anyhow::Result<Node> {
 
 impl Node {
     /// Runs the `ferry` CLI on the repository of `namespace`'s volumes in the BSL, with the
-    /// password the agents keep in `ferry-repo-credentials`; returns its standard output.
+    /// password the agents keep in `ferry-repo-credentials` and the cluster's kubeconfig;
+    /// returns its standard output.
     pub async fn ferry(
         &self,
         namespace: &str,
@@ -117,6 +118,8 @@ impl Node {
             .env("AWS_ACCESS_KEY_ID", CREDENTIALS.0)
             .env("AWS_SECRET_ACCESS_KEY", CREDENTIALS.1)
             .env("AWS_EC2_METADATA_DISABLED", "true")
+            // `ferry volume` talks to the cluster.
+            .env("KUBECONFIG", self.cluster.kubeconfig())
             .output()?;
         if !out.status.success() {
             return Err(
