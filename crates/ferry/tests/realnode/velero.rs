@@ -1,11 +1,13 @@
 //! The real `velero server` (v1.18.3, with its AWS plugin and its own CRDs) drives Ferry on the
 //! real node: `velero backup create --snapshot-move-data --data-mover ferry`, then `velero
-//! restore create` into another namespace, the data compared by pods, the storage location
-//! `Available` by Velero's own validation throughout. Velero runs as in a cluster: inside the
+//! restore create` into another namespace, then in place after the application's namespace was
+//! deleted, the data compared by pods, the storage location `Available` by Velero's own
+//! validation throughout. Velero runs as in a cluster: inside the
 //! node's network (it reaches the API at the `kubernetes` Service and S3 where pods do).
 
 use std::time::{Duration, Instant};
 
+use ferry_api::k8s_openapi::api::core::v1::Namespace;
 use ferry_testbed::VELERO_NAMESPACE;
 use ferry_testbed::velero::{self, VeleroOptions, VeleroServer};
 use kube::api::{Api, ApiResource, DynamicObject};
@@ -123,6 +125,24 @@ async fn velero_backs_up_and_restores_through_ferry_on_the_real_node() -> TestRe
     assert_eq!(restored, "Completed", "{out}\n{}", server.log_tail(40));
     assert_eq!(node::run_pod(&client, &target, "files", false, FS_MANIFEST).await?, tree);
     assert_eq!(node::run_pod(&client, &target, "disk", true, BLOCK_MANIFEST).await?, device);
+    location_available(&client, jiff::Timestamp::now()).await?;
+
+    // Disaster: the application's namespace is deleted (its PVCs and volumes with it), then
+    // restored from the same backup in place.
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces.delete(&ns, &Default::default()).await?;
+    let deadline = Instant::now() + WAIT;
+    while namespaces.get_opt(&ns).await?.is_some() {
+        assert!(Instant::now() < deadline, "namespace {ns} not gone after {WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let restore = format!("{ns}-r2");
+    let out =
+        server.cli(&["restore", "create", &restore, "--from-backup", &backup, "--wait"], WAIT)?;
+    let restored = phase::<ferry_api::Restore>(&client, &restore).await?;
+    assert_eq!(restored, "Completed", "{out}\n{}", server.log_tail(40));
+    assert_eq!(node::run_pod(&client, &ns, "files", false, FS_MANIFEST).await?, tree);
+    assert_eq!(node::run_pod(&client, &ns, "disk", true, BLOCK_MANIFEST).await?, device);
     location_available(&client, jiff::Timestamp::now()).await?;
     server.kill();
     Ok(())
