@@ -1,8 +1,9 @@
 //! The real `velero server` (v1.18.3, with its AWS plugin and its own CRDs) drives Ferry on the
 //! real node: `velero backup create --snapshot-move-data --data-mover ferry`, then `velero
 //! restore create` into another namespace, then in place after the application's namespace was
-//! deleted, the data compared by pods, the storage location `Available` by Velero's own
-//! validation throughout. Velero runs as in a cluster: inside the
+//! deleted, the data compared by pods; `velero backup delete` makes the agent forget the
+//! backup's snapshots; the storage location stays `Available` by Velero's own validation
+//! throughout. Velero runs as in a cluster: inside the
 //! node's network (it reaches the API at the `kubernetes` Service and S3 where pods do).
 
 use std::time::{Duration, Instant};
@@ -143,6 +144,31 @@ async fn velero_backs_up_and_restores_through_ferry_on_the_real_node() -> TestRe
     assert_eq!(restored, "Completed", "{out}\n{}", server.log_tail(40));
     assert_eq!(node::run_pod(&client, &ns, "files", false, FS_MANIFEST).await?, tree);
     assert_eq!(node::run_pod(&client, &ns, "disk", true, BLOCK_MANIFEST).await?, device);
+    location_available(&client, jiff::Timestamp::now()).await?;
+
+    // `velero backup delete` with Ferry as installed (no plugin of Ferry's in Velero): the
+    // agent forgets the backup's snapshots once Velero has deleted the backup.
+    let snapshots = |listed: String| -> Result<usize, Box<dyn std::error::Error>> {
+        Ok(serde_json::from_str::<Vec<serde_json::Value>>(&listed)?.len())
+    };
+    let before = snapshots(node.ferry(&ns, &["snapshots", "--json"]).await?)?;
+    assert_eq!(before, 2, "one snapshot per PVC");
+    server.cli(&["backup", "delete", &backup, "--confirm"], WAIT)?;
+    let backups = velero_api::<ferry_api::Backup>(&client);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let gone = backups.get_opt(&backup).await?.is_none();
+        let left = snapshots(node.ferry(&ns, &["snapshots", "--json"]).await?)?;
+        if gone && left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{WAIT:?} after velero backup delete: Backup gone {gone}, {left} snapshots left\n{}",
+            server.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
     location_available(&client, jiff::Timestamp::now()).await?;
     server.kill();
     Ok(())
