@@ -235,7 +235,7 @@ impl Exposer<DataUpload> for CsiBackupExposer {
             &self.config,
             &HolderSpec {
                 namespace: ns,
-                name: &name,
+                name: &objects::holder_name(&name),
                 claim: &name,
                 mode: snapshot.mode,
                 read_only,
@@ -249,9 +249,14 @@ impl Exposer<DataUpload> for CsiBackupExposer {
         )?;
         pod::ensure_holder(&self.pods(), &holder, &params.avoid_nodes, timeout, cancel).await?;
         timer.mark("backup PVC and pod created");
-        let node =
-            pod::wait_placed(&self.pods(), &name, timeout, self.config.unschedulable_grace, cancel)
-                .await?;
+        let node = pod::wait_placed(
+            &self.pods(),
+            &objects::holder_name(&name),
+            timeout,
+            self.config.unschedulable_grace,
+            cancel,
+        )
+        .await?;
         timer.mark("pod placed");
         Ok(timer.exposed(node))
     }
@@ -271,7 +276,8 @@ impl Exposer<DataUpload> for CsiBackupExposer {
     async fn cleanup(&self, du: &DataUpload, _timeout: Duration) -> Result<(), WorkError> {
         let name = du.name_any();
         self.waits.done(&name);
-        delete_if_present(&self.pods(), &name, "deleting the backup pod").await?;
+        delete_if_present(&self.pods(), &objects::holder_name(&name), "deleting the backup pod")
+            .await?;
         delete_if_present(&self.claims(), &name, "deleting the backup PVC").await?;
         delete_if_present(&self.snapshots(), &name, "deleting the backup snapshot").await?;
         // deletionPolicy Delete: this removes the physical snapshot too.
@@ -296,6 +302,7 @@ pub(crate) async fn locate(
     node: &str,
 ) -> Result<Located, ExposeError> {
     let ns = &config.namespace;
+    let (claim_name, name) = (name, &objects::holder_name(name));
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let Some(pod) = get_opt(&pods, name, "reading the holding pod").await? else {
         return Err(ExposeError::Unusable(format!(
@@ -322,12 +329,12 @@ pub(crate) async fn locate(
         )));
     }
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-    let Some(claim) = get_opt(&claims, name, "reading the exposed PVC").await? else {
-        return Err(ExposeError::Unusable(format!("PVC {ns}/{name} was deleted")));
+    let Some(claim) = get_opt(&claims, claim_name, "reading the exposed PVC").await? else {
+        return Err(ExposeError::Unusable(format!("PVC {ns}/{claim_name} was deleted")));
     };
     let spec = claim.spec.unwrap_or_default();
     let Some(pv) = spec.volume_name.filter(|v| !v.is_empty()) else {
-        return Ok(Located::Waiting(format!("PVC {ns}/{name} is not bound to a volume yet")));
+        return Ok(Located::Waiting(format!("PVC {ns}/{claim_name} is not bound to a volume yet")));
     };
     let mode = spec.volume_mode.as_deref().map_or(VolumeMode::Filesystem, parse_mode);
     let uid = pod.uid().unwrap_or_default();
@@ -370,6 +377,7 @@ pub(crate) async fn still_held(
     volume: &ExposedVolume,
 ) -> Result<(), ExposeError> {
     let ns = &config.namespace;
+    let name = &objects::holder_name(name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let pod = match get_opt(&pods, name, "reading the holding pod").await {
         Ok(pod) => pod,
@@ -462,6 +470,17 @@ pub(crate) mod tests {
                       "backupStorageLocation": "default", "operationTimeout": "10m0s" },
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_holding_pod_of_the_longest_name_fits_the_kubelets_log_directory() {
+        let long = longest_name('x');
+        let pod = crate::objects::holder_name(&long);
+        // The kubelet's `/var/log/pods/<namespace>_<pod>_<uid>`, with the longest namespace.
+        let dir = format!("{}_{pod}_0aca3f63-90ad-4e5e-b417-87f3c084af29", "n".repeat(63));
+        assert!(dir.len() <= 255, "{} bytes: {dir}", dir.len());
+        assert!(is_label_value(&pod), "{pod}");
+        assert_eq!(crate::objects::holder_name("nightly-1-x7k2q"), "nightly-1-x7k2q");
     }
 
     #[test]

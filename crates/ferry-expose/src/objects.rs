@@ -157,6 +157,15 @@ pub(crate) struct HolderSpec<'a> {
 pub(crate) const HOLDER_GRACE_SECONDS: i64 = 5;
 
 /// A pod that only holds the volume so the kubelet attaches and mounts it on its node.
+/// The name of the pod holding the volume of CR `cr`: the CR's own name when it is at most
+/// 63 characters (as Velero's CRs are), else Velero's shortened form (57 characters and a
+/// hash). A real kubelet cannot run a pod with a much longer name: its log directory
+/// `<namespace>_<pod>_<uid>` must fit in one file name (255 bytes).
+#[must_use]
+pub(crate) fn holder_name(cr: &str) -> String {
+    ferry_api::naming::valid_label_value(cr)
+}
+
 pub(crate) fn holder_pod(config: &ExposerConfig, h: &HolderSpec<'_>) -> Result<Pod, ExposeError> {
     let mut container = json!({
         "name": "hold",

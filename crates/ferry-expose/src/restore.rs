@@ -210,7 +210,7 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
             &self.config,
             &HolderSpec {
                 namespace: ns,
-                name: &name,
+                name: &objects::holder_name(&name),
                 claim: &name,
                 mode,
                 read_only: false,
@@ -223,9 +223,14 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
         )?;
         pod::ensure_holder(&self.pods(), &holder, &params.avoid_nodes, timeout, cancel).await?;
         timer.mark("restore PVC and pod created");
-        let placed =
-            pod::wait_placed(&self.pods(), &name, timeout, self.config.unschedulable_grace, cancel)
-                .await?;
+        let placed = pod::wait_placed(
+            &self.pods(),
+            &objects::holder_name(&name),
+            timeout,
+            self.config.unschedulable_grace,
+            cancel,
+        )
+        .await?;
         timer.mark("pod placed");
         Ok(timer.exposed(placed))
     }
@@ -278,7 +283,8 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
         })
         .await?;
         // 2. Let go of it: pod and restore PVC gone.
-        delete_if_present(&self.pods(), &name, "deleting the restore pod").await?;
+        delete_if_present(&self.pods(), &objects::holder_name(&name), "deleting the restore pod")
+            .await?;
         delete_if_present(&self.claims(), &name, "deleting the restore PVC").await?;
         until(&format!("restore PVC {name} to be deleted"), timeout, &cancel, || async {
             Ok(match get_opt(&self.claims(), &name, "reading the restore PVC").await? {
@@ -357,7 +363,8 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
     async fn cleanup(&self, dd: &DataDownload, _timeout: Duration) -> Result<(), WorkError> {
         let name = dd.name_any();
         self.waits.done(&name);
-        delete_if_present(&self.pods(), &name, "deleting the restore pod").await?;
+        delete_if_present(&self.pods(), &objects::holder_name(&name), "deleting the restore pod")
+            .await?;
         delete_if_present(&self.claims(), &name, "deleting the restore PVC").await?;
         // A volume Ferry held but never handed over (the restore failed or was canceled
         // between steps) is deleted; one bound to the target is the user's.

@@ -1,7 +1,8 @@
 //! The pod holding an exposed volume deleted or evicted while its CR waits for the node's one
 //! data-movement slot or while its data moves: the CR fails saying so and never completes with
 //! data missing, a restore is never handed to its PVC, and nothing is written on the node's
-//! disk in the volume's place. The data path is held mid-transfer by stalling the network of
+//! disk in the volume's place. Also a cancel while Prepared (waiting for the slot) and before
+//! any agent took the CR. The data path is held mid-transfer by stalling the network of
 //! its storage location (a BSL of its own behind a relay with a gate), so the moment is
 //! certain, not a race with the transfer.
 
@@ -114,14 +115,13 @@ enum Remove {
     Evict,
 }
 
-/// Deletes or evicts the holding pod of CR `name` once it runs (and, with `located`, once the
-/// agent has had time to find its volume: it looks at least every second); returns its UID.
-async fn remove_holder(
+/// The holding pod of CR `name` once it runs (and, with `located`, once the agent has had time
+/// to find its volume: it looks at least every second).
+async fn holder_running(
     client: &Client,
     name: &str,
-    how: Remove,
     located: bool,
-) -> Result<String, Box<dyn std::error::Error>> {
+) -> Result<Pod, Box<dyn std::error::Error>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let deadline = Instant::now() + WAIT;
     let pod = loop {
@@ -138,6 +138,19 @@ async fn remove_holder(
     if located {
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
+    Ok(pod)
+}
+
+/// Deletes or evicts the holding pod of CR `name` once it runs (see [`holder_running`]);
+/// returns its UID.
+async fn remove_holder(
+    client: &Client,
+    name: &str,
+    how: Remove,
+    located: bool,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let pod = holder_running(client, name, located).await?;
     match how {
         Remove::Delete => {
             pods.delete(name, &Default::default()).await?;
@@ -179,6 +192,38 @@ async fn wait_failed<K: VeleroCr>(
                 "{name} not ended {WAIT:?} after its holding pod went away: {status}"
             )
             .into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Sets `spec.cancel` on DataUpload `name`, as Velero's plugin does.
+async fn cancel(client: &Client, name: &str) -> TestResult {
+    use kube::api::{Patch, PatchParams};
+    let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let patch = serde_json::json!({ "spec": { "cancel": true } });
+    uploads.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
+}
+
+/// Waits until CR `name` is in `phase`; any other end fails.
+async fn wait_phase<K: VeleroCr>(
+    client: &Client,
+    name: &str,
+    phase: &str,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status = status_of::<K>(client, name).await?;
+        match status["phase"].as_str().unwrap_or_default() {
+            p if p == phase => return Ok(status),
+            p @ ("Completed" | "Failed" | "Canceled") => {
+                return Err(format!("{name} ended {p}, not {phase}: {status}").into());
+            }
+            _ => {}
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{name} not {phase} after {WAIT:?}: {status}").into());
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -264,6 +309,40 @@ async fn holding_pods_gone_while_waiting_for_a_slot_or_mid_backup_fail_their_upl
             && message.contains("no data was moved"),
         "{message}"
     );
+
+    // Canceled by Velero while Prepared, waiting for the slot: Canceled, its objects gone.
+    let snapshot = node::snapshot(&client, &ns, "disk").await?;
+    let prepared =
+        name_of(&node::data_upload(&client, &ns, "disk", &snapshot, "held-cancel").await?);
+    holder_running(&client, &prepared, true).await?;
+    cancel(&client, &prepared).await?;
+    let status = wait_phase::<DataUpload>(&client, &prepared, "Canceled").await?;
+    assert!(status["startTimestamp"].is_null(), "it never started moving: {status}");
+    // And canceled before any agent took it (Velero cancels the DataUploads of a backup
+    // deleted while they wait): Canceled, never exposed.
+    let snapshot = node::snapshot(&client, &ns, "disk").await?;
+    let source = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns).get("disk").await?;
+    let mover = velero_crs::Mover { datamover: node::MOVER, bsl: node::BSL };
+    let mut early = velero_crs::data_upload(
+        &mover,
+        &node::CLASSES,
+        "held-new",
+        &node::uid(),
+        &source,
+        &snapshot,
+    )?;
+    early.spec.cancel = true;
+    let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let early = name_of(&uploads.create(&Default::default(), &early).await?);
+    wait_phase::<DataUpload>(&client, &early, "Canceled").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    for name in [&prepared, &early] {
+        let deadline = Instant::now() + WAIT;
+        while pods.get_opt(name).await?.is_some() {
+            assert!(Instant::now() < deadline, "holding pod {name} left after Canceled");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
 
     let moving_uid = remove_holder(&client, &moving, Remove::Delete, false).await?;
     let status = wait_failed::<DataUpload>(&client, &moving).await?;

@@ -245,6 +245,13 @@ pub async fn snapshot(
     }
 }
 
+/// The node's storage and snapshot classes, as DataUploads name them.
+pub const CLASSES: Classes<'static> = Classes {
+    storage_class: realnode::STORAGE_CLASS,
+    snapshot_class: realnode::SNAPSHOT_CLASS,
+    driver: realnode::DRIVER,
+};
+
 /// Creates the DataUpload Velero's CSI plugin would for `pvc` snapshotted as `snapshot`.
 pub async fn data_upload(
     client: &Client,
@@ -266,13 +273,8 @@ pub async fn data_upload_to(
     backup: &str,
 ) -> Result<DataUpload, Box<dyn std::error::Error>> {
     let source = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns).get(pvc).await?;
-    let classes = Classes {
-        storage_class: realnode::STORAGE_CLASS,
-        snapshot_class: realnode::SNAPSHOT_CLASS,
-        driver: realnode::DRIVER,
-    };
     let mover = Mover { datamover: MOVER, bsl };
-    let du = velero_crs::data_upload(&mover, &classes, backup, &uid(), &source, snapshot)?;
+    let du = velero_crs::data_upload(&mover, &CLASSES, backup, &uid(), &source, snapshot)?;
     Ok(Api::<DataUpload>::namespaced(client.clone(), VELERO_NAMESPACE)
         .create(&PostParams::default(), &du)
         .await?)

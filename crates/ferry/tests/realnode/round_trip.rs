@@ -122,3 +122,65 @@ async fn ferry_volume_backs_up_and_restores_a_pvc() -> TestResult {
     assert_eq!(restored, written, "the restored PVC holds the tree written");
     Ok(())
 }
+
+/// A unique name of 253 characters (the longest Kubernetes allows) ending in `end`.
+fn longest_name(end: &str) -> String {
+    let start = format!("long-{}-", &node::uid()[..8]);
+    format!("{start}{}{end}", "n".repeat(253 - start.len() - end.len()))
+}
+
+/// A DataUpload and a DataDownload named with 253 characters, as a client other than Velero
+/// may name them: the holding pods, PVCs and snapshots named after them run on the real
+/// kubelet and CSI driver, their labels take Velero's shortened form, and the round trip
+/// restores the tree written.
+#[tokio::test]
+async fn crs_with_the_longest_names_round_trip() -> TestResult {
+    use ferry_api::k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    use ferry_api::{DataDownload, DataUpload};
+    use ferry_testbed::VELERO_NAMESPACE;
+    use kube::api::{Api, PostParams};
+
+    use crate::velero_crs::{self, Mover};
+
+    let node = node::node();
+    let _agent = node::AGENT.read().await;
+    let client = node.client()?;
+    let ns = node.namespace("long").await?;
+    node::create_pvc(&client, &ns, "data", "64Mi", "Filesystem").await?;
+    let written =
+        node::run_pod(&client, &ns, "data", false, &format!("{FS_WRITE}\n{FS_MANIFEST}")).await?;
+    let snapshot = node::snapshot(&client, &ns, "data").await?;
+    let source = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns).get("data").await?;
+    let mover = Mover { datamover: node::MOVER, bsl: node::BSL };
+    let mut du =
+        velero_crs::data_upload(&mover, &node::CLASSES, "long", &node::uid(), &source, &snapshot)?;
+    du.metadata.generate_name = None;
+    du.metadata.name = Some(longest_name("u"));
+    let du = Api::<DataUpload>::namespaced(client.clone(), VELERO_NAMESPACE)
+        .create(&PostParams::default(), &du)
+        .await?;
+    let du = node::wait_upload(&client, &name_of(&du)).await?;
+
+    let target_ns = node.namespace("long-to").await?;
+    let target = velero_crs::target_pvc(
+        &target_ns,
+        "data",
+        "64Mi",
+        "Filesystem",
+        ferry_testbed::realnode::STORAGE_CLASS,
+        &format!("{target_ns}.data"),
+    )?;
+    let target = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &target_ns)
+        .create(&PostParams::default(), &target)
+        .await?;
+    let mut dd = velero_crs::data_download(&mover, "long-r", &node::uid(), &target, &du)?;
+    dd.metadata.generate_name = None;
+    dd.metadata.name = Some(longest_name("d"));
+    let dd = Api::<DataDownload>::namespaced(client.clone(), VELERO_NAMESPACE)
+        .create(&PostParams::default(), &dd)
+        .await?;
+    node::wait_download(&client, &name_of(&dd)).await?;
+    let restored = node::run_pod(&client, &target_ns, "data", false, FS_MANIFEST).await?;
+    assert_eq!(restored, written, "the restored PVC holds the tree written");
+    Ok(())
+}
