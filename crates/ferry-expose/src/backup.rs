@@ -251,7 +251,7 @@ impl Exposer<DataUpload> for CsiBackupExposer {
         timer.mark("backup PVC and pod created");
         let node = pod::wait_placed(
             &self.pods(),
-            &objects::holder_name(&name),
+            &holder.name_any(),
             timeout,
             self.config.unschedulable_grace,
             cancel,

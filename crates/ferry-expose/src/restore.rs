@@ -225,7 +225,7 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
         timer.mark("restore PVC and pod created");
         let placed = pod::wait_placed(
             &self.pods(),
-            &objects::holder_name(&name),
+            &holder.name_any(),
             timeout,
             self.config.unschedulable_grace,
             cancel,
