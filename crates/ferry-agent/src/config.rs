@@ -49,6 +49,11 @@ pub struct AgentConfig {
     /// How many times a node may take over a CR from nodes that stopped; one more lost node
     /// fails the CR instead, so a CR cannot bounce between dying nodes forever.
     pub max_takeovers: u32,
+    /// A finalizer put on each DataUpload in the very write that marks it Completed (unless
+    /// it is already being deleted), so that the repository snapshot it records is held from
+    /// its first moment: whoever releases snapshots of deleted backups (the binary's reclaim
+    /// loop) then sees every deletion, even one right after completion. `None`: no hold.
+    pub completed_upload_finalizer: Option<String>,
 }
 
 impl AgentConfig {
@@ -72,6 +77,7 @@ impl AgentConfig {
             locate_interval: Duration::from_secs(1),
             holder_check_interval: Duration::from_secs(5),
             max_takeovers: 3,
+            completed_upload_finalizer: None,
         }
     }
 

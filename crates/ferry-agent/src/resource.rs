@@ -138,6 +138,9 @@ pub(crate) trait MoverCr:
     type Outcome: Send + Sync + 'static;
     /// The kind, for messages.
     const KIND: &'static str;
+    /// Whether Completed records a repository snapshot (DataUpload) that a finalizer may
+    /// hold ([`crate::AgentConfig::completed_upload_finalizer`]).
+    const RECORDS_SNAPSHOT: bool;
 
     fn data_mover(&self) -> &str;
     fn cancel_requested(&self) -> bool;
@@ -216,6 +219,7 @@ fn to_i64(v: u64) -> i64 {
 impl MoverCr for DataUpload {
     type Outcome = BackupOutcome;
     const KIND: &'static str = "DataUpload";
+    const RECORDS_SNAPSHOT: bool = true;
 
     shared_status!();
 
@@ -259,6 +263,7 @@ impl MoverCr for DataUpload {
 impl MoverCr for DataDownload {
     type Outcome = RestoreOutcome;
     const KIND: &'static str = "DataDownload";
+    const RECORDS_SNAPSHOT: bool = false;
 
     shared_status!();
 

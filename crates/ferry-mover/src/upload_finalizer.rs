@@ -11,7 +11,10 @@
 //!
 //! 1. puts [`FINALIZER`] on each Completed DataUpload of this mover that lacks it and is not
 //!    being deleted: a deleted DataUpload then stays readable (snapshot ID, location,
-//!    namespace) until Ferry has handled it;
+//!    namespace) until Ferry has handled it. The agent itself puts it in the write that marks
+//!    a DataUpload Completed (`AgentConfig::completed_upload_finalizer`), so a deletion right
+//!    after completion (a failed backup deleted at once) is seen too; this step covers
+//!    DataUploads completed by older agents;
 //! 2. for each DataUpload being deleted that carries [`FINALIZER`], looks at its backup (the
 //!    `velero.io/backup-name` label) in the cluster and in the location
 //!    (`backups/<name>/velero-backup.json`):

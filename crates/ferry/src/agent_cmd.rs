@@ -192,6 +192,9 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     config.progress_event_interval = args.progress_event_interval;
     config.prepare_timeout = args.prepare_timeout;
     config.lease_duration = args.lease_duration;
+    // The snapshot of a Completed DataUpload is held from the moment it is recorded, so the
+    // reclaim loop below sees its deletion however soon it comes.
+    config.completed_upload_finalizer = Some(ferry_mover::upload_finalizer::FINALIZER.to_owned());
     let client_for_deletions = client.clone();
     let agent = Agent::start(client, config, backends).await.context("starting the agent")?;
     let deletions = tokio::spawn(ferry_mover::deletion::keep_forgetting(

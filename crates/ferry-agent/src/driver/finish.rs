@@ -99,6 +99,13 @@ pub(super) async fn complete<C: MoverCr>(
         }
         c.set_phase(Phase::Completed);
         c.record_outcome(outcome, volume);
+        if let Some(hold) =
+            ctx.config.completed_upload_finalizer.as_deref().filter(|_| C::RECORDS_SNAPSHOT)
+            && !is_deleting(c)
+            && !c.finalizers().iter().any(|f| f == hold)
+        {
+            c.finalizers_mut().push(hold.to_owned());
+        }
         let status = c.status_mut();
         status.message.clear();
         *status.completion_timestamp = Some(now());

@@ -338,3 +338,46 @@ async fn an_upload_whose_volume_is_no_longer_held_fails_and_never_completes() {
     assert_eq!(sim.count(|c| matches!(c, Call::MoveDone { cr, .. } if *cr == moving)), 0);
     cluster.shutdown().await;
 }
+
+/// The finalizer that holds a Completed DataUpload's snapshot is in the very version that
+/// first says Completed: a deletion right after completion (Velero deletes the DataUploads of
+/// a backup it deletes, possibly seconds after they completed) can never find the snapshot
+/// unheld. It stays after the agent's own finalizer is released; the DataUpload then waits
+/// for its holder when deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_upload_is_held_from_the_write_that_completes_it() {
+    const HOLD: &str = "test.ferry.io/snapshot";
+    let sim = Sim::new(Placement::Accepting, Behaviour::default());
+    let mut cluster =
+        TestCluster::new(sim.clone(), |c| c.completed_upload_finalizer = Some(HOLD.to_owned()));
+    cluster.start_agents(&NODES[..1]).await;
+    let name = unique("held-at-completion");
+    let history = History::record(&cluster.uploads, &name, |du| {
+        (du.phase().to_string(), i64::from(du.finalizers().iter().any(|f| f == HOLD)))
+    });
+    cluster.create_upload(&name).await;
+    let du = wait_for(&cluster.uploads, &name, "Completed and released", |du| {
+        du.phase() == DataUploadPhase::Completed && released(du)
+    })
+    .await;
+    assert!(du.finalizers().iter().any(|f| f == HOLD), "{:?}", du.finalizers());
+    let versions = history.values();
+    let completed: Vec<_> = versions.iter().filter(|(phase, _)| phase == "Completed").collect();
+    assert!(!completed.is_empty(), "{versions:?}");
+    assert!(
+        completed.iter().all(|(_, held)| *held == 1),
+        "Completed without the hold: {versions:?}"
+    );
+    assert!(
+        versions.iter().filter(|(phase, _)| phase != "Completed").all(|(_, held)| *held == 0),
+        "held before it recorded a snapshot: {versions:?}"
+    );
+
+    cluster.uploads.delete(&name, &Default::default()).await.expect("delete");
+    let deleting = cluster.uploads.get(&name).await.expect("still there while held");
+    assert!(deleting.metadata.deletion_timestamp.is_some());
+    let mut unheld = deleting.clone();
+    unheld.metadata.finalizers = Some(Vec::new());
+    cluster.uploads.replace(&name, &Default::default(), &unheld).await.expect("release");
+    cluster.shutdown().await;
+}

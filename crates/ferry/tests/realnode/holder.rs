@@ -21,18 +21,18 @@ use crate::node::{self, TestResult, VeleroCr, WAIT, name_of};
 use crate::velero_crs;
 
 /// The storage location whose network the tests stall.
-const GATED_BSL: &str = "gated";
+pub const GATED_BSL: &str = "gated";
 const GATED_BUCKET: &str = "ferry-realnode-gated";
 /// Where the node reaches the gated relay.
 const GATED_PORT: u16 = 7480;
 
 const WRITE_FILES: &str = "set -e; cd /data; for i in $(seq 1 12); do dd if=/dev/urandom of=blob$i bs=1M count=25 2>/dev/null; done; sync";
-const WRITE_DEVICE: &str =
+pub const WRITE_DEVICE: &str =
     "dd if=/dev/urandom of=/dev/volume bs=1M count=200 conv=fsync 2>/dev/null";
 
 /// The gate of the gated location, set up on first use (a bucket, a relay into the node and
 /// the BSL).
-async fn gate(node: &node::Node) -> Result<&'static Gate, Box<dyn std::error::Error>> {
+pub async fn gate(node: &node::Node) -> Result<&'static Gate, Box<dyn std::error::Error>> {
     static GATED: OnceCell<ferry_testbed::netns::Forwarder> = OnceCell::const_new();
     let relay = GATED
         .get_or_try_init(|| async {
@@ -57,7 +57,7 @@ async fn gate(node: &node::Node) -> Result<&'static Gate, Box<dyn std::error::Er
 }
 
 /// Opens the gate when dropped, also when a test fails.
-struct Reopen(&'static Gate);
+pub struct Reopen(pub &'static Gate);
 
 impl Drop for Reopen {
     fn drop(&mut self) {
@@ -77,7 +77,11 @@ async fn status_of<K: VeleroCr>(
 /// With the gate closed: waits until the CR is InProgress, then lets the network through in
 /// short bursts until some bytes have moved, and leaves it closed: the transfer is stalled
 /// part-way.
-async fn stall_mid_transfer<K: VeleroCr>(client: &Client, name: &str, gate: &Gate) -> TestResult {
+pub async fn stall_mid_transfer<K: VeleroCr>(
+    client: &Client,
+    name: &str,
+    gate: &Gate,
+) -> TestResult {
     let deadline = Instant::now() + WAIT;
     loop {
         let status = status_of::<K>(client, name).await?;

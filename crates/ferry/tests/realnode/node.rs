@@ -84,6 +84,18 @@ async fn set_up() -> anyhow::Result<Node> {
     velero_crs::create_bsl(&client, BSL, BUCKET, &endpoint, CREDENTIALS)
         .await
         .map_err(|e| anyhow::anyhow!("creating the storage location: {e}"))?;
+    // The `velero` CLI runs on the host, outside the node's network: it downloads backup logs
+    // and item operations by URLs Velero signs for `publicUrl`, as for a user's workstation.
+    // The agents use `s3Url` only.
+    Api::<ferry_api::BackupStorageLocation>::namespaced(client.clone(), VELERO_NAMESPACE)
+        .patch(
+            BSL,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({ "spec": { "config": { "publicUrl": s3.endpoint() } } }),
+            ),
+        )
+        .await?;
     let binary = std::path::Path::new(env!("CARGO_BIN_EXE_ferry"));
     cluster
         .install_ferry(

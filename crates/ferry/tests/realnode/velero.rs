@@ -1,28 +1,43 @@
 //! The real `velero server` (v1.18.3, with its AWS plugin and its own CRDs) drives Ferry on the
-//! real node: `velero backup create --snapshot-move-data --data-mover ferry`, then `velero
-//! restore create` into another namespace, then in place after the application's namespace was
-//! deleted, the data compared by pods; `velero backup delete` makes the agent forget the
-//! backup's snapshots; the storage location stays `Available` by Velero's own validation
-//! throughout. Velero runs as in a cluster: inside the
-//! node's network (it reaches the API at the `kubernetes` Service and S3 where pods do).
+//! real node, run as in a cluster: inside the node's network (it reaches the API at the
+//! `kubernetes` Service and S3 where pods do). Every scenario requires the storage location
+//! `Available` by Velero's own validation after Ferry stored into it.
+//!
+//! - `velero backup create --snapshot-move-data --data-mover ferry` of a file-system and a
+//!   block PVC, `describe --details` and `logs` showing Ferry's work, `velero restore create`
+//!   into another namespace, then in place after the application's namespace was deleted, the
+//!   data compared by pods; `velero backup delete` makes the agent forget the snapshots.
+//! - A Schedule named with 63 characters run twice (the second incremental), restored, its
+//!   first backup deleted (only that backup's snapshots forgotten).
+//! - Ferry's plugin installed in Velero: one item operation per volume, deletion through it.
+//! - The Velero server killed while Ferry moves a backup's data, then started again.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use ferry_api::k8s_openapi::api::core::v1::Namespace;
+use ferry_api::k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
+use ferry_api::{DataUpload, DataUploadPhase};
 use ferry_testbed::VELERO_NAMESPACE;
 use ferry_testbed::velero::{self, VeleroOptions, VeleroServer};
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::{Client, ResourceExt};
 
+use crate::holder;
 use crate::node::{self, TestResult, WAIT};
 use crate::round_trip::{BLOCK_MANIFEST, BLOCK_WRITE, FS_MANIFEST, FS_WRITE};
 
-fn velero_api<K: kube::Resource<DynamicType = ()>>(client: &kube::Client) -> Api<DynamicObject> {
+/// One Velero server at a time: Velero's namespace is fixed, its controller manager always
+/// listens on port 8080 of the node's network, and two servers would both act on every
+/// Backup.
+static VELERO: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn velero_api<K: kube::Resource<DynamicType = ()>>(client: &Client) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), VELERO_NAMESPACE, &ApiResource::erase::<K>(&()))
 }
 
 /// The phase of a Backup or Restore.
 async fn phase<K: kube::Resource<DynamicType = ()>>(
-    client: &kube::Client,
+    client: &Client,
     name: &str,
 ) -> Result<String, Box<dyn std::error::Error>> {
     let object = velero_api::<K>(client).get(name).await?;
@@ -31,7 +46,7 @@ async fn phase<K: kube::Resource<DynamicType = ()>>(
 
 /// Waits until Velero has validated location `default` since `after`, and requires it
 /// `Available`.
-async fn location_available(client: &kube::Client, after: jiff::Timestamp) -> TestResult {
+async fn location_available(client: &Client, after: jiff::Timestamp) -> TestResult {
     let api = velero_api::<ferry_api::BackupStorageLocation>(client);
     let deadline = Instant::now() + WAIT;
     loop {
@@ -57,75 +72,192 @@ async fn location_available(client: &kube::Client, after: jiff::Timestamp) -> Te
     }
 }
 
-#[tokio::test]
-async fn velero_backs_up_and_restores_through_ferry_on_the_real_node() -> TestResult {
-    let node = node::node();
-    let _agent = node::AGENT.read().await;
-    let client = node.client()?;
-    velero::install_crds(node.cluster.control_plane())?;
-    let mut server = VeleroServer::start_on_node(node.cluster, &VeleroOptions::default())?;
-
-    let ns = node.namespace("shop").await?;
-    node::create_pvc(&client, &ns, "files", "64Mi", "Filesystem").await?;
-    node::create_pvc(&client, &ns, "disk", "32Mi", "Block").await?;
+/// The application: a file-system PVC `files` holding a small tree and a block PVC `disk`
+/// holding random data; returns their manifests as pods read them.
+async fn workload(
+    client: &Client,
+    ns: &str,
+) -> Result<(String, String), Box<dyn std::error::Error>> {
+    node::create_pvc(client, ns, "files", "64Mi", "Filesystem").await?;
+    node::create_pvc(client, ns, "disk", "32Mi", "Block").await?;
     let tree =
-        node::run_pod(&client, &ns, "files", false, &format!("{FS_WRITE}\n{FS_MANIFEST}")).await?;
+        node::run_pod(client, ns, "files", false, &format!("{FS_WRITE}\n{FS_MANIFEST}")).await?;
     let device =
-        node::run_pod(&client, &ns, "disk", true, &format!("{BLOCK_WRITE}\n{BLOCK_MANIFEST}"))
+        node::run_pod(client, ns, "disk", true, &format!("{BLOCK_WRITE}\n{BLOCK_MANIFEST}"))
             .await?;
+    Ok((tree, device))
+}
 
-    let backup = format!("{ns}-b1");
-    let out = server.cli(
-        &[
-            "backup",
-            "create",
-            &backup,
-            "--include-namespaces",
-            &ns,
-            "--snapshot-move-data",
-            "--data-mover",
-            "ferry",
-            "--wait",
-        ],
-        WAIT,
-    )?;
-    let backed_up = phase::<ferry_api::Backup>(&client, &backup).await?;
-    assert_eq!(backed_up, "Completed", "{out}\n{}", server.log_tail(40));
-    let uploads: Vec<_> =
-        Api::<ferry_api::DataUpload>::namespaced(client.clone(), VELERO_NAMESPACE)
-            .list(&Default::default())
-            .await?
-            .items
-            .into_iter()
-            .filter(|du| {
-                du.metadata.labels.as_ref().and_then(|l| l.get("velero.io/backup-name"))
-                    == Some(&backup)
-            })
-            .collect();
-    assert_eq!(uploads.len(), 2, "one DataUpload per PVC, by Velero's CSI plugin");
-    assert!(uploads.iter().all(|du| du.spec.data_mover == "ferry"));
-    let after = jiff::Timestamp::now();
-    location_available(&client, after).await?;
+/// Requires namespace `ns` to hold the workload's volumes with these manifests.
+async fn restored(client: &Client, ns: &str, tree: &str, device: &str) -> TestResult {
+    assert_eq!(node::run_pod(client, ns, "files", false, FS_MANIFEST).await?, tree, "in {ns}");
+    assert_eq!(node::run_pod(client, ns, "disk", true, BLOCK_MANIFEST).await?, device, "in {ns}");
+    Ok(())
+}
 
+/// `velero restore create --from-backup BACKUP --namespace-mappings NS:NS-restored --wait`:
+/// the restore `Completed` and the volumes in `NS-restored` holding `(tree, device)`.
+async fn restore_mapped(
+    client: &Client,
+    server: &VeleroServer,
+    ns: &str,
+    backup: &str,
+    (tree, device): (&str, &str),
+) -> TestResult {
     let target = format!("{ns}-restored");
-    let restore = format!("{ns}-r1");
+    let mapping = format!("{ns}:{target}");
+    let restore = format!("{backup}-r");
     let out = server.cli(
         &[
             "restore",
             "create",
             &restore,
             "--from-backup",
-            &backup,
+            backup,
             "--namespace-mappings",
-            &format!("{ns}:{target}"),
+            &mapping,
             "--wait",
         ],
         WAIT,
     )?;
-    let restored = phase::<ferry_api::Restore>(&client, &restore).await?;
-    assert_eq!(restored, "Completed", "{out}\n{}", server.log_tail(40));
-    assert_eq!(node::run_pod(&client, &target, "files", false, FS_MANIFEST).await?, tree);
-    assert_eq!(node::run_pod(&client, &target, "disk", true, BLOCK_MANIFEST).await?, device);
+    let done = phase::<ferry_api::Restore>(client, &restore).await?;
+    assert_eq!(done, "Completed", "{out}\n{}", server.log_tail(40));
+    restored(client, &target, tree, device).await
+}
+
+/// `velero backup create NAME --include-namespaces NS --snapshot-move-data --data-mover ferry`
+/// with `extra` arguments.
+fn backup_args<'a>(name: &'a str, ns: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "backup",
+        "create",
+        name,
+        "--include-namespaces",
+        ns,
+        "--snapshot-move-data",
+        "--data-mover",
+        "ferry",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// The DataUploads Velero made for `backup` (its label value is cut and hashed past 63
+/// characters, as Velero does).
+async fn uploads_of(
+    client: &Client,
+    backup: &str,
+) -> Result<Vec<DataUpload>, Box<dyn std::error::Error>> {
+    let label = format!("velero.io/backup-name={}", ferry_api::naming::valid_label_value(backup));
+    Ok(Api::<DataUpload>::namespaced(client.clone(), VELERO_NAMESPACE)
+        .list(&ListParams::default().labels(&label))
+        .await?
+        .items)
+}
+
+/// The IDs of the snapshots in namespace `ns`'s repository.
+async fn snapshot_ids(
+    node: &node::Node,
+    ns: &str,
+) -> Result<BTreeSet<String>, Box<dyn std::error::Error>> {
+    let listed: Vec<serde_json::Value> =
+        serde_json::from_str(&node.ferry(ns, &["snapshots", "--json"]).await?)?;
+    Ok(listed.iter().filter_map(|s| s["id"].as_str().map(str::to_owned)).collect())
+}
+
+/// Waits until namespace `ns`'s repository holds exactly `count` snapshots; returns their IDs.
+async fn wait_snapshots(
+    node: &node::Node,
+    server: &VeleroServer,
+    ns: &str,
+    count: usize,
+) -> Result<BTreeSet<String>, Box<dyn std::error::Error>> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let ids = snapshot_ids(node, ns).await?;
+        if ids.len() == count {
+            return Ok(ids);
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} snapshots in {ns}'s repository after {WAIT:?}, not {count}: {ids:?}\n{}",
+                ids.len(),
+                server.log_tail(30)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// `velero backup delete NAME --confirm`, then waits until the Backup is gone.
+async fn delete_backup(client: &Client, server: &VeleroServer, backup: &str) -> TestResult {
+    server.cli(&["backup", "delete", backup, "--confirm"], WAIT)?;
+    let backups = velero_api::<ferry_api::Backup>(client);
+    let deadline = Instant::now() + WAIT;
+    while backups.get_opt(backup).await?.is_some() {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "Backup {backup} still there {WAIT:?} after velero backup delete\n{}",
+                server.log_tail(30)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Ok(())
+}
+
+/// The incremental (newly stored) bytes of these DataUploads.
+fn new_bytes(uploads: &[DataUpload]) -> i64 {
+    uploads.iter().map(|d| d.status.as_ref().map_or(0, |s| s.incremental_bytes)).sum()
+}
+
+#[tokio::test]
+async fn velero_backs_up_and_restores_through_ferry_on_the_real_node() -> TestResult {
+    let node = node::node();
+    let _agent = node::AGENT.read().await;
+    let _velero = VELERO.lock().await;
+    let client = node.client()?;
+    velero::install_crds(node.cluster.control_plane())?;
+    let mut server = VeleroServer::start_on_node(node.cluster, &VeleroOptions::default())?;
+
+    let ns = node.namespace("shop").await?;
+    let (tree, device) = workload(&client, &ns).await?;
+    let backup = format!("{ns}-b1");
+    let out = server.cli(&backup_args(&backup, &ns, &["--wait"]), WAIT)?;
+    let backed_up = phase::<ferry_api::Backup>(&client, &backup).await?;
+    assert_eq!(backed_up, "Completed", "{out}\n{}", server.log_tail(40));
+    let uploads = uploads_of(&client, &backup).await?;
+    assert_eq!(uploads.len(), 2, "one DataUpload per PVC, by Velero's CSI plugin");
+    assert!(uploads.iter().all(|du| du.spec.data_mover == "ferry"));
+    location_available(&client, jiff::Timestamp::now()).await?;
+
+    // Velero shows Ferry's work: each volume's operation with the bytes Ferry moved, and the
+    // DataUploads in the backup's log (which the CLI reads from the location).
+    let details = server.cli(&["backup", "describe", &backup, "--details"], WAIT)?;
+    for du in &uploads {
+        let done = du.status.as_ref().map_or(0, |s| s.progress.bytes_done);
+        assert!(done > 0, "{du:?}");
+        assert!(
+            details.contains(&format!("{done} of {done} complete")),
+            "describe --details does not show the {done} bytes Ferry moved for {}:\n{details}",
+            du.name_any()
+        );
+    }
+    let logs = server.cli(&["backup", "logs", &backup], WAIT)?;
+    for du in &uploads {
+        let operation =
+            du.labels().get("velero.io/async-operation-id").cloned().unwrap_or_default();
+        assert!(
+            !operation.is_empty() && logs.contains(&format!("Operation ID={operation}")),
+            "the backup log does not show the operation of {} ({operation:?})",
+            du.name_any()
+        );
+    }
+    assert!(logs.contains("DataUpload is submitted successfully"), "backup log:\n{logs}");
+
+    restore_mapped(&client, &server, &ns, &backup, (&tree, &device)).await?;
     location_available(&client, jiff::Timestamp::now()).await?;
 
     // Disaster: the application's namespace is deleted (its PVCs and volumes with it), then
@@ -140,36 +272,362 @@ async fn velero_backs_up_and_restores_through_ferry_on_the_real_node() -> TestRe
     let restore = format!("{ns}-r2");
     let out =
         server.cli(&["restore", "create", &restore, "--from-backup", &backup, "--wait"], WAIT)?;
-    let restored = phase::<ferry_api::Restore>(&client, &restore).await?;
-    assert_eq!(restored, "Completed", "{out}\n{}", server.log_tail(40));
-    assert_eq!(node::run_pod(&client, &ns, "files", false, FS_MANIFEST).await?, tree);
-    assert_eq!(node::run_pod(&client, &ns, "disk", true, BLOCK_MANIFEST).await?, device);
+    let done = phase::<ferry_api::Restore>(&client, &restore).await?;
+    assert_eq!(done, "Completed", "{out}\n{}", server.log_tail(40));
+    restored(&client, &ns, &tree, &device).await?;
     location_available(&client, jiff::Timestamp::now()).await?;
 
     // `velero backup delete` with Ferry as installed (no plugin of Ferry's in Velero): the
     // agent forgets the backup's snapshots once Velero has deleted the backup.
-    let snapshots = |listed: String| -> Result<usize, Box<dyn std::error::Error>> {
-        Ok(serde_json::from_str::<Vec<serde_json::Value>>(&listed)?.len())
-    };
-    let before = snapshots(node.ferry(&ns, &["snapshots", "--json"]).await?)?;
-    assert_eq!(before, 2, "one snapshot per PVC");
-    server.cli(&["backup", "delete", &backup, "--confirm"], WAIT)?;
-    let backups = velero_api::<ferry_api::Backup>(&client);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let gone = backups.get_opt(&backup).await?.is_none();
-        let left = snapshots(node.ferry(&ns, &["snapshots", "--json"]).await?)?;
-        if gone && left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{WAIT:?} after velero backup delete: Backup gone {gone}, {left} snapshots left\n{}",
-            server.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    assert_eq!(snapshot_ids(node, &ns).await?.len(), 2, "one snapshot per PVC");
+    delete_backup(&client, &server, &backup).await?;
+    wait_snapshots(node, &server, &ns, 0).await?;
     location_available(&client, jiff::Timestamp::now()).await?;
     server.kill();
     Ok(())
+}
+
+/// A Schedule with a 63-character name, run twice (the second backup incremental), restored
+/// from its second run; then its first backup deleted. The backups' names exceed 63
+/// characters, so their `velero.io/backup-name` labels are cut and hashed: the agent goes by
+/// the DataUploads' owner and forgets only the first run's snapshots.
+#[tokio::test]
+async fn a_schedule_with_a_63_character_name_runs_twice_and_restores_on_the_real_node() -> TestResult
+{
+    let node = node::node();
+    let _agent = node::AGENT.read().await;
+    let _velero = VELERO.lock().await;
+    let client = node.client()?;
+    velero::install_crds(node.cluster.control_plane())?;
+    let mut server = VeleroServer::start_on_node(node.cluster, &VeleroOptions::default())?;
+    let ns = node.namespace("sched").await?;
+    workload(&client, &ns).await?;
+
+    let schedule = format!("{ns}-{}", "s".repeat(62 - ns.len()));
+    assert_eq!(schedule.len(), 63);
+    server.cli(
+        &[
+            "schedule",
+            "create",
+            &schedule,
+            "--schedule",
+            "@every 24h",
+            "--include-namespaces",
+            &ns,
+            "--snapshot-move-data",
+            "--data-mover",
+            "ferry",
+        ],
+        WAIT,
+    )?;
+    // Velero v1.18 runs a new schedule first at its next time, not at once: both runs are
+    // asked for as `velero backup create --from-schedule` does.
+    server.cli(&["backup", "create", "--from-schedule", &schedule, "--wait"], WAIT)?;
+    let first = schedule_backups(&client, &server, &schedule, 1).await?.remove(0);
+    // A change between the runs; the manifest is the tree the second run backs up.
+    let tree = node::run_pod(
+        &client,
+        &ns,
+        "files",
+        false,
+        &format!("set -e; dd if=/dev/urandom of=/data/second-run bs=1k count=8 2>/dev/null; sync\n{FS_MANIFEST}"),
+    )
+    .await?;
+    let device = node::run_pod(&client, &ns, "disk", true, BLOCK_MANIFEST).await?;
+    server.cli(&["backup", "create", "--from-schedule", &schedule, "--wait"], WAIT)?;
+    let second = schedule_backups(&client, &server, &schedule, 2)
+        .await?
+        .into_iter()
+        .find(|b| *b != first)
+        .ok_or("no second backup")?;
+    assert!(second.len() > 63, "{second}");
+    let (of_first, of_second) =
+        (uploads_of(&client, &first).await?, uploads_of(&client, &second).await?);
+    assert_eq!((of_first.len(), of_second.len()), (2, 2), "{of_first:#?}\n{of_second:#?}");
+    assert!(
+        new_bytes(&of_second) * 4 < new_bytes(&of_first),
+        "the second run is not incremental: {} new bytes after {}",
+        new_bytes(&of_second),
+        new_bytes(&of_first)
+    );
+
+    restore_mapped(&client, &server, &ns, &second, (&tree, &device)).await?;
+
+    // Deleting the first run forgets its snapshots only.
+    assert_eq!(snapshot_ids(node, &ns).await?.len(), 4);
+    delete_backup(&client, &server, &first).await?;
+    let kept = wait_snapshots(node, &server, &ns, 2).await?;
+    for du in &of_second {
+        let id = du.status.as_ref().map(|s| s.snapshot_id.clone()).unwrap_or_default();
+        assert!(kept.contains(&id), "the second run's snapshot {id} was forgotten: {kept:?}");
+    }
+    location_available(&client, jiff::Timestamp::now()).await?;
+    delete_backup(&client, &server, &second).await?;
+    wait_snapshots(node, &server, &ns, 0).await?;
+    server.cli(&["schedule", "delete", &schedule, "--confirm"], WAIT)?;
+    server.kill();
+    Ok(())
+}
+
+/// Waits until `count` Backups of Schedule `schedule` are Completed; returns their names,
+/// oldest first.
+async fn schedule_backups(
+    client: &Client,
+    server: &VeleroServer,
+    schedule: &str,
+    count: usize,
+) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let label =
+        format!("velero.io/schedule-name={}", ferry_api::naming::valid_label_value(schedule));
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut done: Vec<(String, String)> = velero_api::<ferry_api::Backup>(client)
+            .list(&ListParams::default().labels(&label))
+            .await?
+            .items
+            .into_iter()
+            .filter(|b| b.data["status"]["phase"] == "Completed")
+            .map(|b| {
+                let created = b
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0.to_string())
+                    .unwrap_or_default();
+                (created, b.name_any())
+            })
+            .collect();
+        if done.len() >= count {
+            done.sort();
+            return Ok(done.into_iter().map(|(_, name)| name).collect());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} of {count} backups of schedule {schedule} Completed\n{}",
+                done.len(),
+                server.log_tail(40)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// With Ferry's plugin in Velero's plugin folder (as the chart's init container installs it)
+/// beside Velero's CSI support, each volume is still one item operation (the plugin registers
+/// no PVC action of its own), the restore works, and `velero backup delete` forgets the
+/// snapshots.
+#[tokio::test]
+async fn with_ferrys_plugin_each_volume_is_one_operation_on_the_real_node() -> TestResult {
+    let node = node::node();
+    let _agent = node::AGENT.read().await;
+    let _velero = VELERO.lock().await;
+    let client = node.client()?;
+    velero::install_crds(node.cluster.control_plane())?;
+    let options = VeleroOptions {
+        plugins: vec![(
+            "velero-plugin-ferry".to_owned(),
+            std::path::PathBuf::from(env!("CARGO_BIN_EXE_ferry")),
+        )],
+        ..VeleroOptions::default()
+    };
+    let mut server = VeleroServer::start_on_node(node.cluster, &options)?;
+    let ns = node.namespace("plugin").await?;
+    let (tree, device) = workload(&client, &ns).await?;
+    let backup = format!("{ns}-b1");
+    let out = server.cli(&backup_args(&backup, &ns, &["--wait"]), WAIT)?;
+    assert_eq!(phase::<ferry_api::Backup>(&client, &backup).await?, "Completed", "{out}");
+    let status =
+        velero_api::<ferry_api::Backup>(&client).get(&backup).await?.data["status"].clone();
+    assert_eq!(status["backupItemOperationsAttempted"], 2, "{status}\n{}", server.log_tail(40));
+    assert_eq!(status["backupItemOperationsCompleted"], 2, "{status}");
+    assert_eq!(uploads_of(&client, &backup).await?.len(), 2);
+    assert!(
+        server.log().contains("velero-plugin-ferry"),
+        "Velero did not load Ferry's plugin:\n{}",
+        server.log_tail(40)
+    );
+    location_available(&client, jiff::Timestamp::now()).await?;
+
+    restore_mapped(&client, &server, &ns, &backup, (&tree, &device)).await?;
+
+    assert_eq!(snapshot_ids(node, &ns).await?.len(), 2);
+    delete_backup(&client, &server, &backup).await?;
+    wait_snapshots(node, &server, &ns, 0).await?;
+    location_available(&client, jiff::Timestamp::now()).await?;
+    server.kill();
+    Ok(())
+}
+
+/// The Velero server killed (with its plugins, as a lost pod) while Ferry works for a backup,
+/// then started again, at the two moments Velero's restart rules tell apart:
+/// - while the backup is `InProgress` (killed as soon as Velero has handed a volume to Ferry):
+///   Velero marks it `Failed`; Ferry ends every DataUpload (Completed, or Canceled when
+///   Velero cancels the failed backup's operations) and keeps no holding pod or PVC;
+/// - while it is `WaitingForPluginOperations` (held there for certain: a transfer stalled by
+///   its location's network takes the node's one data-movement slot): the new server polls
+///   the operations again, the backup completes once Ferry has moved the data, and it
+///   restores.
+///
+/// Deleting each backup makes the agent forget whatever it recorded.
+#[tokio::test]
+async fn velero_restarted_while_ferry_moves_the_data_on_the_real_node() -> TestResult {
+    let node = node::node();
+    // Alone: the stalled transfer holds the node's only data-movement slot.
+    let _agent = node::AGENT.write().await;
+    let _velero = VELERO.lock().await;
+    let client = node.client()?;
+    velero::install_crds(node.cluster.control_plane())?;
+    let mut server = VeleroServer::start_on_node(node.cluster, &VeleroOptions::default())?;
+    let ns = node.namespace("restart").await?;
+    let (tree, device) = workload(&client, &ns).await?;
+
+    // Killed while InProgress, as soon as Velero has handed a volume to Ferry; Ferry finishes
+    // what it was given while no Velero runs. Deleting the failed backup at once then finds
+    // each Completed DataUpload's snapshot held from its completion, and forgets it.
+    let b1 = format!("{ns}-b1");
+    server.cli(&backup_args(&b1, &ns, &[]), WAIT)?;
+    let deadline = Instant::now() + WAIT;
+    while uploads_of(&client, &b1).await?.is_empty() {
+        assert!(Instant::now() < deadline, "no DataUpload\n{}", server.log_tail(40));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.kill();
+    let at_kill = phase::<ferry_api::Backup>(&client, &b1).await?;
+    for du in uploads_of(&client, &b1).await? {
+        node::wait_upload(&client, &du.name_any()).await?;
+    }
+    server = VeleroServer::start_on_node(node.cluster, &VeleroOptions::default())?;
+    let expected = if at_kill == "InProgress" { "Failed" } else { "Completed" };
+    let ended = backup_ended(&client, &server, &b1).await?;
+    assert_eq!(ended, expected, "killed while {at_kill}\n{}", server.log_tail(40));
+    let completed = uploads_ended_and_released(&client, &server, &b1).await?;
+    assert!(completed > 0, "Ferry completed the upload it had");
+    eprintln!(
+        "Velero killed while {b1} was {at_kill}; it ended {ended}; {completed} DataUploads Completed"
+    );
+    location_available(&client, jiff::Timestamp::now()).await?;
+    assert_eq!(snapshot_ids(node, &ns).await?.len(), completed);
+    delete_backup(&client, &server, &b1).await?;
+    wait_snapshots(node, &server, &ns, 0).await?;
+
+    // Killed while WaitingForPluginOperations: the node's slot is taken by a transfer
+    // stalled part-way, so the backup's DataUploads wait and Velero waits for them.
+    let gate = holder::gate(node).await?;
+    let reopen = holder::Reopen(gate);
+    let other = node.namespace("blocker").await?;
+    node::create_pvc(&client, &other, "blocker", "256Mi", "Block").await?;
+    node::run_pod(&client, &other, "blocker", true, holder::WRITE_DEVICE).await?;
+    let snapshot = node::snapshot(&client, &other, "blocker").await?;
+    gate.close();
+    let blocker =
+        node::data_upload_to(&client, holder::GATED_BSL, &other, "blocker", &snapshot, "blocker")
+            .await?;
+    let blocker = node::name_of(&blocker);
+    holder::stall_mid_transfer::<DataUpload>(&client, &blocker, gate).await?;
+    let b2 = format!("{ns}-b2");
+    server.cli(&backup_args(&b2, &ns, &[]), WAIT)?;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let phase = phase::<ferry_api::Backup>(&client, &b2).await?;
+        if phase == "WaitingForPluginOperations" {
+            break;
+        }
+        assert!(
+            ["", "New", "Queued", "ReadyToStart", "InProgress"].contains(&phase.as_str())
+                && Instant::now() < deadline,
+            "{b2} is {phase}, not waiting for Ferry\n{}",
+            server.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let waiting = uploads_of(&client, &b2).await?;
+    assert_eq!(waiting.len(), 2, "{waiting:#?}");
+    assert!(
+        waiting
+            .iter()
+            .all(|du| du.status.as_ref().and_then(|s| s.phase) != Some(DataUploadPhase::Completed)),
+        "{b2}'s uploads should wait for the slot: {waiting:#?}"
+    );
+    server.kill();
+    server = VeleroServer::start_on_node(node.cluster, &VeleroOptions::default())?;
+    drop(reopen);
+    node::wait_upload(&client, &blocker).await?;
+    let ended = backup_ended(&client, &server, &b2).await?;
+    assert_eq!(
+        ended,
+        "Completed",
+        "killed while WaitingForPluginOperations\n{}",
+        server.log_tail(40)
+    );
+    assert_eq!(uploads_ended_and_released(&client, &server, &b2).await?, 2);
+    restore_mapped(&client, &server, &ns, &b2, (&tree, &device)).await?;
+    location_available(&client, jiff::Timestamp::now()).await?;
+    assert_eq!(snapshot_ids(node, &ns).await?.len(), 2, "b2's files and disk");
+    delete_backup(&client, &server, &b2).await?;
+    wait_snapshots(node, &server, &ns, 0).await?;
+    node::no_leaked_devices(node).await
+}
+
+/// Waits until Backup `backup` has ended; returns its phase.
+async fn backup_ended(
+    client: &Client,
+    server: &VeleroServer,
+    backup: &str,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let phase = phase::<ferry_api::Backup>(client, backup).await?;
+        if ["Completed", "Failed", "PartiallyFailed"].contains(&phase.as_str()) {
+            return Ok(phase);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{backup} still {phase}\n{}", server.log_tail(40)).into());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Waits until every DataUpload of `backup` has ended Completed or Canceled (when Velero
+/// canceled a failed backup's operations) and Ferry holds no pod or PVC for any; returns how
+/// many Completed.
+async fn uploads_ended_and_released(
+    client: &Client,
+    server: &VeleroServer,
+    backup: &str,
+) -> Result<usize, Box<dyn std::error::Error>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let uploads = uploads_of(client, backup).await?;
+        let mut left = Vec::new();
+        for du in &uploads {
+            let phase = du.status.as_ref().and_then(|s| s.phase);
+            if !matches!(phase, Some(DataUploadPhase::Completed | DataUploadPhase::Canceled)) {
+                left.push(format!("{} {phase:?}", du.name_any()));
+            }
+            let holder = ferry_api::naming::valid_label_value(&du.name_any());
+            if pods.get_opt(&holder).await?.is_some() {
+                left.push(format!("holding pod {holder}"));
+            }
+            if pvcs.get_opt(&du.name_any()).await?.is_some() {
+                left.push(format!("backup PVC {}", du.name_any()));
+            }
+        }
+        if left.is_empty() {
+            return Ok(uploads
+                .iter()
+                .filter(|du| {
+                    du.status.as_ref().and_then(|s| s.phase) == Some(DataUploadPhase::Completed)
+                })
+                .count());
+        }
+        if Instant::now() > deadline {
+            return Err(
+                format!("{WAIT:?} after the restart: {left:?}\n{}", server.log_tail(40)).into()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
