@@ -156,6 +156,10 @@ pub(crate) struct HolderSpec<'a> {
 /// The holding pods' termination grace period, in seconds (see [`holder_pod`]).
 pub(crate) const HOLDER_GRACE_SECONDS: i64 = 5;
 
+/// The unprivileged user and group holding pods run as (the "nonroot" user of distroless
+/// images).
+pub(crate) const HOLDER_UID: i64 = 65532;
+
 /// A pod that only holds the volume so the kubelet attaches and mounts it on its node.
 /// The name of the pod holding the volume of CR `cr`: the CR's own name when it is at most
 /// 63 characters (as Velero's CRs are), else Velero's shortened form (57 characters and a
@@ -172,6 +176,14 @@ pub(crate) fn holder_pod(config: &ExposerConfig, h: &HolderSpec<'_>) -> Result<P
         "image": config.pod_image,
         "command": config.pod_command,
         "resources": config.pod_resources,
+        // It only sleeps until told to stop: nothing to write, no privilege to keep. The
+        // kubelet mounts or maps the volume whatever the container's user.
+        "securityContext": {
+            "allowPrivilegeEscalation": false,
+            "privileged": false,
+            "readOnlyRootFilesystem": true,
+            "capabilities": { "drop": ["ALL"] },
+        },
     });
     match h.mode {
         VolumeMode::Filesystem => {
@@ -197,15 +209,18 @@ pub(crate) fn holder_pod(config: &ExposerConfig, h: &HolderSpec<'_>) -> Result<P
         // `ferry hold` ends at once on SIGTERM.
         "terminationGracePeriodSeconds": HOLDER_GRACE_SECONDS,
         "automountServiceAccountToken": false,
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": HOLDER_UID,
+            "runAsGroup": HOLDER_UID,
+            "seccompProfile": { "type": "RuntimeDefault" },
+        },
         "tolerations": [{ "operator": "Exists" }],
     });
-    if let Some(node) = h.node {
-        spec["nodeSelector"] = json!({ placement::HOSTNAME_LABEL: node });
-    }
     // As Velero: a pod pinned to the node a WaitForFirstConsumer target selected ignores
     // the configured placement.
     let rule = if h.node.is_some() { None } else { config.load_affinity_for(h.storage_class) };
-    if let Some(affinity) = placement::node_affinity(rule, h.avoid) {
+    if let Some(affinity) = placement::node_affinity(rule, h.node, h.avoid) {
         spec["affinity"] = json!(affinity);
     }
     if let Some(class) = &config.priority_class_name {
@@ -275,7 +290,14 @@ mod tests {
     fn pools(pod: &Value) -> Vec<Value> {
         let terms = &pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
             ["nodeSelectorTerms"];
-        terms[0]["matchExpressions"].as_array().cloned().unwrap_or_default()
+        let fields = terms[0]["matchFields"].as_array().cloned().unwrap_or_default();
+        terms[0]["matchExpressions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .chain(fields)
+            .collect()
     }
 
     #[test]
@@ -304,13 +326,35 @@ mod tests {
             pools(&pod(&config, None, "", &avoid)),
             [
                 expected("any"),
-                json!({"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["stopped"]})
+                json!({"key": "metadata.name", "operator": "NotIn", "values": ["stopped"]})
             ]
         );
-        // Pinned to the selected node: no rule, only the node selector.
-        let pinned = pod(&config, Some("n1"), "fast", &[]);
-        assert_eq!(pinned["spec"]["affinity"], Value::Null);
-        assert_eq!(pinned["spec"]["nodeSelector"], json!({"kubernetes.io/hostname": "n1"}));
+        // Pinned to the selected node, by the node's name (the hostname label may differ):
+        // no rule, only the node.
+        let pinned = pod(&config, Some("n1"), "fast", &avoid);
+        assert_eq!(
+            pools(&pinned),
+            [
+                json!({"key": "metadata.name", "operator": "In", "values": ["n1"]}),
+                json!({"key": "metadata.name", "operator": "NotIn", "values": ["stopped"]})
+            ]
+        );
+        assert_eq!(pinned["spec"]["nodeSelector"], Value::Null);
+    }
+
+    #[test]
+    fn holding_pods_run_restricted() {
+        let pod = pod(&config(), None, "fast", &[]);
+        let spec = &pod["spec"];
+        assert_eq!(spec["automountServiceAccountToken"], false);
+        assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(spec["securityContext"]["runAsUser"], HOLDER_UID);
+        assert_eq!(spec["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+        let container = &spec["containers"][0]["securityContext"];
+        assert_eq!(container["allowPrivilegeEscalation"], false);
+        assert_eq!(container["readOnlyRootFilesystem"], true);
+        assert_eq!(container["capabilities"]["drop"], json!(["ALL"]));
+        assert!(spec["hostNetwork"].is_null() && spec["hostPID"].is_null());
     }
 
     #[test]

@@ -23,7 +23,8 @@ use ferry_api::k8s_openapi::api::core::v1::{
 use ferry_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 /// The node label naming a node.
-pub(crate) const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+/// The node field a node affinity names a node by.
+pub(crate) const NODE_NAME_FIELD: &str = "metadata.name";
 
 /// One `loadAffinity` entry: the nodes holding pods of some (or all) volumes may run on.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -62,21 +63,35 @@ pub(crate) fn requirements(selector: &LabelSelector) -> Vec<NodeSelectorRequirem
     pairs.chain(expressions).collect()
 }
 
-/// The holding pod's required node affinity: the rule's requirements and the nodes to avoid,
-/// all in one term; `None` when there is nothing to require.
-pub(crate) fn node_affinity(rule: Option<&LoadAffinity>, avoid: &[String]) -> Option<Affinity> {
-    let mut all = rule.map(|r| requirements(&r.node_selector)).unwrap_or_default();
-    if !avoid.is_empty() {
-        all.push(NodeSelectorRequirement {
-            key: HOSTNAME_LABEL.to_owned(),
-            operator: "NotIn".to_owned(),
-            values: Some(avoid.to_vec()),
-        });
+/// The holding pod's required node affinity: the rule's requirements, the node it is pinned
+/// to and the nodes to avoid, all in one term; `None` when there is nothing to require. Nodes
+/// are named by their object name (`matchFields` on `metadata.name`, as DaemonSets pin their
+/// pods), never by the hostname label, which need not equal the node's name.
+pub(crate) fn node_affinity(
+    rule: Option<&LoadAffinity>,
+    node: Option<&str>,
+    avoid: &[String],
+) -> Option<Affinity> {
+    let labels = rule.map(|r| requirements(&r.node_selector)).unwrap_or_default();
+    let by_name = |operator: &str, values: Vec<String>| NodeSelectorRequirement {
+        key: NODE_NAME_FIELD.to_owned(),
+        operator: operator.to_owned(),
+        values: Some(values),
+    };
+    let mut names = Vec::new();
+    if let Some(node) = node {
+        names.push(by_name("In", vec![node.to_owned()]));
     }
-    if all.is_empty() {
+    if !avoid.is_empty() {
+        names.push(by_name("NotIn", avoid.to_vec()));
+    }
+    if labels.is_empty() && names.is_empty() {
         return None;
     }
-    let term = NodeSelectorTerm { match_expressions: Some(all), match_fields: None };
+    let term = NodeSelectorTerm {
+        match_expressions: (!labels.is_empty()).then_some(labels),
+        match_fields: (!names.is_empty()).then_some(names),
+    };
     Some(Affinity {
         node_affinity: Some(NodeAffinity {
             required_during_scheduling_ignored_during_execution: Some(NodeSelector {
@@ -142,6 +157,7 @@ mod tests {
         .unwrap();
         let affinity = node_affinity(
             Some(&LoadAffinity { node_selector: selector, storage_class: None }),
+            None,
             &["dead-node".to_owned()],
         )
         .unwrap();
@@ -155,7 +171,8 @@ mod tests {
                     {"key": "gpu", "operator": "DoesNotExist"},
                     {"key": "tier", "operator": "NotIn", "values": ["spot", "preemptible"]},
                     {"key": "disk", "operator": "Exists"},
-                    {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["dead-node"]},
+                ], "matchFields": [
+                    {"key": "metadata.name", "operator": "NotIn", "values": ["dead-node"]},
                 ]}]
             }}})
         );
@@ -163,9 +180,13 @@ mod tests {
 
     #[test]
     fn nothing_to_require_means_no_affinity() {
-        assert_eq!(node_affinity(None, &[]), None);
-        assert_eq!(node_affinity(Some(&LoadAffinity::default()), &[]), None, "empty selector");
-        let only_avoid = node_affinity(None, &["n1".to_owned()]).unwrap();
+        assert_eq!(node_affinity(None, None, &[]), None);
+        assert_eq!(
+            node_affinity(Some(&LoadAffinity::default()), None, &[]),
+            None,
+            "empty selector"
+        );
+        let only_avoid = node_affinity(None, None, &["n1".to_owned()]).unwrap();
         let required = only_avoid.node_affinity.unwrap();
         let terms = required.required_during_scheduling_ignored_during_execution.unwrap();
         assert_eq!(terms.node_selector_terms.len(), 1);

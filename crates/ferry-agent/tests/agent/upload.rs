@@ -361,9 +361,17 @@ async fn a_completed_upload_is_held_from_the_write_that_completes_it() {
     })
     .await;
     assert!(du.finalizers().iter().any(|f| f == HOLD), "{:?}", du.finalizers());
-    let versions = history.values();
+    // The watch may lag behind the read above: wait (boundedly) until it saw Completed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let versions = loop {
+        let versions = history.values();
+        if versions.iter().any(|(phase, _)| phase == "Completed") {
+            break versions;
+        }
+        assert!(std::time::Instant::now() < deadline, "the watch saw no Completed: {versions:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let completed: Vec<_> = versions.iter().filter(|(phase, _)| phase == "Completed").collect();
-    assert!(!completed.is_empty(), "{versions:?}");
     assert!(
         completed.iter().all(|(_, held)| *held == 1),
         "Completed without the hold: {versions:?}"

@@ -139,6 +139,7 @@ async fn holder_running(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    node::admitted_as_restricted(client, &pod).await?;
     if located {
         tokio::time::sleep(Duration::from_secs(5)).await;
     }

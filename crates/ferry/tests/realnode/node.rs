@@ -463,3 +463,39 @@ pub async fn wait_bytes_moving<K: VeleroCr>(client: &Client, name: &str) -> Test
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Requires `pod`'s spec to pass the API server's Pod Security admission at level
+/// `restricted`: created (server-side dry run) in a namespace that enforces it.
+pub async fn admitted_as_restricted(client: &Client, pod: &Pod) -> TestResult {
+    use ferry_api::k8s_openapi::api::core::v1::Namespace;
+    static RESTRICTED: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+    let ns = RESTRICTED
+        .get_or_try_init(|| async {
+            let name = format!("restricted-{}", &uid()[..8]);
+            let namespace: Namespace = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": { "name": name, "labels": {
+                    "pod-security.kubernetes.io/enforce": "restricted",
+                    "pod-security.kubernetes.io/enforce-version": "latest",
+                } },
+            }))?;
+            Api::<Namespace>::all(client.clone())
+                .create(&PostParams::default(), &namespace)
+                .await?;
+            Ok::<_, Box<dyn std::error::Error>>(name)
+        })
+        .await?;
+    let copy: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": pod.metadata.name, "namespace": ns },
+        "spec": pod.spec,
+    }))?;
+    let dry_run = PostParams { dry_run: true, ..PostParams::default() };
+    Api::<Pod>::namespaced(client.clone(), ns).create(&dry_run, &copy).await.map_err(|e| {
+        format!(
+            "holding pod {} is not admitted as restricted: {e}",
+            pod.metadata.name.as_deref().unwrap_or_default()
+        )
+    })?;
+    Ok(())
+}
