@@ -26,6 +26,9 @@ pub struct BslLocation {
     /// The secret and key holding the credentials file: the BSL's `credential`, else
     /// Velero's default `cloud-credentials`/`cloud`.
     pub credential: (String, String),
+    /// Whether the BSL names its credential (`spec.credential`): then a missing secret is an
+    /// error, never a silent fall back to the node's own cloud identity.
+    pub credential_named: bool,
 }
 
 /// Velero's default credentials secret and key.
@@ -64,6 +67,7 @@ pub fn location_of(bsl: &BackupStorageLocation) -> Result<BslLocation, MoverErro
         force_path_style: get("s3ForcePathStyle").is_some_and(|v| v.eq_ignore_ascii_case("true")),
         profile: get("profile").unwrap_or_else(|| "default".into()),
         credential,
+        credential_named: bsl.spec.credential.is_some(),
     })
 }
 

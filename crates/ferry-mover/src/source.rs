@@ -179,7 +179,18 @@ impl BslRepositories {
                     },
                 )?)
             }
-            // No secret: the standard AWS chain (IRSA, instance roles, environment).
+            // The location names a secret that is not there: never another identity instead.
+            None if loc.credential_named => {
+                return Err(MoverError::Secret {
+                    namespace: self.namespace.clone(),
+                    name: secret.clone(),
+                    key: key.clone(),
+                    reason: format!(
+                        "the secret does not exist, and BackupStorageLocation {location} names                          it in spec.credential: create it, or remove spec.credential to use                          Velero's cloud-credentials or the node's own cloud identity"
+                    ),
+                });
+            }
+            // No default secret: the standard AWS chain (IRSA, instance roles, environment).
             None => None,
         };
         let options = S3Options {

@@ -226,3 +226,32 @@ async fn the_agent_refuses_to_create_a_repository_with_a_weak_password() {
     assert!(err.to_string().contains("at least 16"), "{err}");
     assert!(world.keys().await.is_empty(), "nothing created");
 }
+
+/// A location whose `spec.credential` names a secret that does not exist fails saying so;
+/// it never falls back to another identity (the node's own, or Velero's default secret).
+#[tokio::test]
+async fn a_location_naming_a_missing_credential_secret_fails_with_that_message() {
+    let world = World::new("mover-nocred").await;
+    let cancel = CancellationToken::new();
+    let bsls: Api<ferry_api::BackupStorageLocation> =
+        Api::namespaced(world.client.clone(), &world.namespace);
+    bsls.patch(
+        BSL,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({
+            "spec": { "credential": { "name": "team-a-credentials", "key": "cloud" } }
+        })),
+    )
+    .await
+    .expect("name a credential");
+    let err = world.source().open(BSL, SOURCE_NS, &cancel).await.expect_err("no secret");
+    let message = err.to_string();
+    assert!(
+        message.contains("team-a-credentials")
+            && message.contains("does not exist")
+            && message.contains("spec.credential"),
+        "{message}"
+    );
+    assert!(matches!(err, MoverError::Secret { .. }), "{err:?}");
+    assert!(world.keys().await.is_empty(), "nothing created");
+}
