@@ -207,6 +207,9 @@ pub struct BackupOutcome {
     pub incremental_bytes: u64,
     /// Mover-specific results (`status.dataMoverResult`), handed to the restore.
     pub data_mover_result: BTreeMap<String, String>,
+    /// What the user should act on although the backup succeeded (a repository opened only
+    /// with Velero's password, say): each becomes a Warning Event on the DataUpload.
+    pub warnings: Vec<String>,
 }
 
 /// What a restore produced.
@@ -214,6 +217,8 @@ pub struct BackupOutcome {
 pub struct RestoreOutcome {
     /// Bytes restored (`status.progress.totalBytes`).
     pub total_bytes: u64,
+    /// As [`BackupOutcome::warnings`], on the DataDownload.
+    pub warnings: Vec<String>,
 }
 
 /// Moves data between an exposed volume and the repository.

@@ -163,6 +163,8 @@ pub(crate) trait MoverCr:
     fn record_outcome(&mut self, outcome: &Self::Outcome, volume: &ExposedVolume);
     /// A one-line summary of the outcome for the Completed event.
     fn describe_outcome(outcome: &Self::Outcome) -> String;
+    /// The outcome's warnings, each published as a Warning Event.
+    fn outcome_warnings(outcome: &Self::Outcome) -> &[String];
 }
 
 macro_rules! shared_status {
@@ -252,6 +254,10 @@ impl MoverCr for DataUpload {
         s.progress = DataMoveOperationProgress { total_bytes: total, bytes_done: total };
     }
 
+    fn outcome_warnings(outcome: &BackupOutcome) -> &[String] {
+        &outcome.warnings
+    }
+
     fn describe_outcome(outcome: &BackupOutcome) -> String {
         format!(
             "backed up {} bytes ({} new) as snapshot {}",
@@ -287,6 +293,10 @@ impl MoverCr for DataDownload {
         let total = to_i64(outcome.total_bytes);
         self.status.get_or_insert_default().progress =
             DataMoveOperationProgress { total_bytes: total, bytes_done: total };
+    }
+
+    fn outcome_warnings(outcome: &RestoreOutcome) -> &[String] {
+        &outcome.warnings
     }
 
     fn describe_outcome(outcome: &RestoreOutcome) -> String {

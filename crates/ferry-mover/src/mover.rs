@@ -44,20 +44,17 @@ impl RepoMover {
 }
 
 impl RepoMover {
-    /// The CR's repository. A warning found while opening it is logged here (the agent's
-    /// outcome types carry no warnings yet).
+    /// The CR's repository, and a warning found while opening it (the agent publishes it
+    /// as a Warning Event on the CR).
     async fn open(
         &self,
         location: &str,
         namespace: &str,
         cancel: &CancellationToken,
-    ) -> Result<(Repository, String), WorkError> {
+    ) -> Result<(Repository, String, Vec<String>), WorkError> {
         let opened =
             self.repos.open(location, namespace, cancel).await.map_err(WorkError::from_error)?;
-        if let Some(warning) = &opened.warning {
-            tracing::warn!(repository = %opened.location, "{warning}");
-        }
-        Ok((opened.repo, opened.location))
+        Ok((opened.repo, opened.location, opened.warning.into_iter().collect()))
     }
 }
 
@@ -133,7 +130,7 @@ impl DataMover for RepoMover {
         progress: ProgressSink,
         cancel: CancellationToken,
     ) -> Result<BackupOutcome, WorkError> {
-        let (repo, location) =
+        let (repo, location, warnings) =
             self.open(&du.spec.backup_storage_location, &du.spec.source_namespace, &cancel).await?;
         let source = source_of(du);
         let kind = match volume.mode {
@@ -174,6 +171,7 @@ impl DataMover for RepoMover {
             total_bytes: total,
             incremental_bytes: new,
             data_mover_result: BTreeMap::new(),
+            warnings,
         })
     }
 
@@ -184,7 +182,7 @@ impl DataMover for RepoMover {
         progress: ProgressSink,
         cancel: CancellationToken,
     ) -> Result<RestoreOutcome, WorkError> {
-        let (repo, location) =
+        let (repo, location, warnings) =
             self.open(&dd.spec.backup_storage_location, &dd.spec.source_namespace, &cancel).await?;
         let id = repo
             .find_snapshot(&dd.spec.snapshot_id, &cancel)
@@ -219,7 +217,7 @@ impl DataMover for RepoMover {
         };
         progress.set_total(written);
         progress.set_done(written);
-        Ok(RestoreOutcome { total_bytes: written })
+        Ok(RestoreOutcome { total_bytes: written, warnings })
     }
 }
 

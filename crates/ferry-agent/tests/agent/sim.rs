@@ -48,6 +48,8 @@ pub struct Behaviour {
     pub locatable: bool,
     /// The data path fails with this message after the first chunk.
     pub mover_error: Option<String>,
+    /// Warnings a successful backup reports.
+    pub warnings: Vec<String>,
 }
 
 impl Default for Behaviour {
@@ -59,6 +61,7 @@ impl Default for Behaviour {
             expose: ExposeMode::Instant,
             locatable: true,
             mover_error: None,
+            warnings: Vec::new(),
         }
     }
 }
@@ -362,6 +365,7 @@ impl DataMover for Sim {
                 "ferry.io/moved-by".to_owned(),
                 volume.node.clone(),
             )]),
+            warnings: self.behaviour(&name).warnings,
         })
     }
 
@@ -373,6 +377,6 @@ impl DataMover for Sim {
         cancel: CancellationToken,
     ) -> Result<RestoreOutcome, WorkError> {
         let bytes = self.move_bytes(&dd.name_any(), volume, &progress, &cancel).await?;
-        Ok(RestoreOutcome { total_bytes: bytes })
+        Ok(RestoreOutcome { total_bytes: bytes, warnings: Vec::new() })
     }
 }

@@ -389,3 +389,29 @@ async fn a_completed_upload_is_held_from_the_write_that_completes_it() {
     cluster.uploads.replace(&name, &Default::default(), &unheld).await.expect("release");
     cluster.shutdown().await;
 }
+
+/// A backup that succeeded with something for the user to act on (the mover opened the
+/// repository only with Velero's password, say) completes and carries each warning as a
+/// Warning Event on the DataUpload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warnings_of_a_successful_backup_become_warning_events() {
+    let sim = Sim::new(Placement::Accepting, Behaviour::default());
+    let mut cluster = TestCluster::new(sim.clone(), |_| {});
+    cluster.start_agents(&NODES[..1]).await;
+    let name = unique("warned");
+    let warning = "repository s3://b/p opened only with Velero's published default password";
+    sim.set(&name, Behaviour { warnings: vec![warning.to_owned()], ..Behaviour::default() });
+    cluster.create_upload(&name).await;
+    wait_for(&cluster.uploads, &name, "Completed", |du| du.phase() == DataUploadPhase::Completed)
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = cluster.events(&name).await;
+        if events.iter().any(|(reason, note)| reason == "RepositoryWarning" && note == warning) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no warning event: {events:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cluster.shutdown().await;
+}
