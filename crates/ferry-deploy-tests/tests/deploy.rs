@@ -55,6 +55,8 @@ fn every_plain_manifest_passes_server_dry_run() -> anyhow::Result<()> {
         "Role",
         "RoleBinding",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ];
     assert_eq!(kinds, expected);
     Ok(())
@@ -140,16 +142,23 @@ nodeAgentConfig: {{name: ferry-config, config: {{loadConcurrency: {{globalConfig
         let _applying = manifests_lock();
         kubectl(cp, &["apply", "--dry-run=server", "-f", "-"], Some(&yaml))?
     };
-    assert_eq!(out.matches("(server dry run)").count(), 7, "{out}");
+    assert_eq!(out.matches("(server dry run)").count(), 9, "{out}");
 
     let objects = by_kind_and_name(documents(&yaml)?)?;
     for ((kind, name), object) in &objects {
-        let namespaced = !kind.starts_with("Cluster");
+        let namespaced = !kind.starts_with("Cluster") && !kind.starts_with("ValidatingAdmission");
         let got = object["metadata"]["namespace"].as_str();
         assert_eq!(got, namespaced.then_some(ns.as_str()), "{kind}/{name}");
     }
     let binding = &objects[&("ClusterRoleBinding".to_owned(), "ferry-agent".to_owned())];
     assert_eq!(binding["subjects"][0]["namespace"].as_str(), Some(ns.as_str()));
+    let policy =
+        &objects[&("ValidatingAdmissionPolicy".to_owned(), "ferry-agent-holding-pods".to_owned())];
+    assert_eq!(
+        policy["spec"]["matchConditions"][0]["expression"],
+        format!("request.userInfo.username == 'system:serviceaccount:{ns}:ferry-agent'"),
+        "the policy binds the agent's account in the release's namespace"
+    );
     let config = &objects[&("ConfigMap".to_owned(), "ferry-config".to_owned())];
     assert_eq!(config["data"]["node-agent-config.json"]["loadConcurrency"]["globalConfig"], 3);
 
@@ -458,5 +467,128 @@ async fn the_agent_may_do_exactly_what_it_does() -> anyhow::Result<()> {
     )?;
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no");
     assert!(!out.status.success(), "kubectl auth can-i exits non-zero for no");
+    Ok(())
+}
+
+/// A pod for the admission policy test: the holding pods' shape, changed by `tweak`.
+fn pod_yaml(name: &str, tweak: impl FnOnce(&mut serde_json::Value)) -> String {
+    let mut pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "namespace": "velero",
+            "labels": { "ferry.io/created-by": "ferry" } },
+        "spec": {
+            "automountServiceAccountToken": false,
+            "securityContext": { "runAsNonRoot": true, "runAsUser": 65532,
+                "seccompProfile": { "type": "RuntimeDefault" } },
+            "containers": [{
+                "name": "hold", "image": "registry.example/ferry:1", "command": ["/ferry", "hold"],
+                "securityContext": { "allowPrivilegeEscalation": false,
+                    "readOnlyRootFilesystem": true, "capabilities": { "drop": ["ALL"] } },
+                "volumeMounts": [{ "name": "volume", "mountPath": "/volume" }],
+            }],
+            "volumes": [{ "name": "volume", "persistentVolumeClaim": { "claimName": "c" } }],
+        },
+    });
+    tweak(&mut pod);
+    pod.to_string()
+}
+
+/// Creates `pod` (server dry run) as `user` (`None`: the admin); the API server's answer.
+fn create_as(cp: &ControlPlane, user: Option<&str>, pod: &str) -> anyhow::Result<(bool, String)> {
+    let as_user = user.map(|u| format!("--as={u}"));
+    let mut args = vec!["create", "--dry-run=server", "-f", "-"];
+    args.extend(as_user.as_deref());
+    let out = kubectl_output(cp, &args, Some(pod))?;
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    Ok((out.status.success(), text))
+}
+
+/// The admission policy shipped beside the agent's RBAC lets the agent's account create only
+/// pods of the holding pods' shape: a pod with host access, another service account's token,
+/// extra containers or root is refused with the policy's message. Other users are not
+/// affected.
+#[test]
+fn the_agent_may_create_only_holding_pods() -> anyhow::Result<()> {
+    let cp = ControlPlane::shared();
+    let dir = ferry_deploy_tests::deploy_dir()?.join("manifests");
+    {
+        let _applying = manifests_lock();
+        for file in [
+            "serviceaccount.yaml",
+            "rbac-namespace.yaml",
+            "rbac-cluster.yaml",
+            "admission-policy.yaml",
+        ] {
+            kubectl(cp, &["apply", "-f", &dir.join(file).to_string_lossy()], None)?;
+        }
+    }
+    let host_path = pod_yaml("host-path", |p| {
+        p["spec"]["volumes"] =
+            serde_json::json!([{ "name": "volume", "hostPath": { "path": "/" } }]);
+    });
+    // The API server learns of the policy and binding through its informers: wait, boundedly,
+    // until it refuses.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (admitted, out) = create_as(cp, Some(AGENT), &host_path)?;
+        if !admitted {
+            assert!(out.contains("mounts only PersistentVolumeClaims"), "{out}");
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the admission policy never took effect: {out}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let (admitted, out) = create_as(cp, Some(AGENT), &pod_yaml("holder", |_| {}))?;
+    assert!(admitted, "a holding pod is refused: {out}");
+    type Tweak = fn(&mut serde_json::Value);
+    let refused: [(&str, Tweak, &str); 6] = [
+        (
+            "as-velero",
+            |p| {
+                p["spec"]["serviceAccountName"] = "velero".into();
+                p["spec"]["automountServiceAccountToken"] = true.into();
+            },
+            "without a service account token",
+        ),
+        ("host-net", |p| p["spec"]["hostNetwork"] = true.into(), "shares no host namespace"),
+        (
+            "root",
+            |p| p["spec"]["securityContext"] = serde_json::json!({ "runAsUser": 0 }),
+            "runs as non-root",
+        ),
+        (
+            "capable",
+            |p| {
+                p["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] =
+                    serde_json::json!(["SYS_ADMIN"]);
+            },
+            "is unprivileged",
+        ),
+        (
+            "unlabelled",
+            |p| p["metadata"]["labels"] = serde_json::json!({ "app": "x" }),
+            "only create holding pods",
+        ),
+        (
+            "sidecar",
+            |p| {
+                let mut second = p["spec"]["containers"][0].clone();
+                second["name"] = "first".into();
+                p["spec"]["initContainers"] = serde_json::json!([second]);
+            },
+            "exactly one container",
+        ),
+    ];
+    for (name, tweak, reason) in refused {
+        let (admitted, out) = create_as(cp, Some(AGENT), &pod_yaml(name, tweak))?;
+        assert!(!admitted && out.contains(reason), "{name}: admitted {admitted}: {out}");
+        assert!(out.contains("ferry-agent-holding-pods"), "{name}: names the policy: {out}");
+    }
+    // Anyone else is not bound by it.
+    let (admitted, out) = create_as(cp, None, &host_path)?;
+    assert!(admitted, "the policy binds only the agent's account: {out}");
     Ok(())
 }

@@ -298,3 +298,39 @@ async fn a_canceled_upload_ends_canceled_and_leaves_nothing() -> TestResult {
     node::delete_pvc(&client, &ns, "big").await?;
     node::no_leaked_devices(node).await
 }
+
+/// The chart's admission policy is in force on the real cluster: the agent's account (as a
+/// stolen node token would use it) cannot create a privileged pod with the host's root and a
+/// service account token in Velero's namespace, while the agent's own holding pods run (every other test here needs them).
+#[tokio::test]
+async fn the_agents_account_cannot_create_a_pod_with_host_access() -> TestResult {
+    let node = node::node();
+    let _agent = node::AGENT.read().await;
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "escape", "namespace": VELERO_NAMESPACE,
+            "labels": { "ferry.io/created-by": "ferry" } },
+        "spec": {
+            "containers": [{ "name": "x", "image": ferry_testbed::realnode::BUSYBOX_IMAGE,
+                "securityContext": { "privileged": true } }],
+            "volumes": [{ "name": "root", "hostPath": { "path": "/" } }],
+        },
+    });
+    let out = std::process::Command::new(ferry_testbed::paths::kubectl()?)
+        .arg("--kubeconfig")
+        .arg(node.cluster.kubeconfig())
+        .args(["create", "--dry-run=server", "-f", "-"])
+        .arg(format!("--as=system:serviceaccount:{VELERO_NAMESPACE}:ferry-agent"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            child.stdin.take().map(|mut s| s.write_all(pod.to_string().as_bytes()));
+            child.wait_with_output()
+        })?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the agent's account created a privileged pod: {said}");
+    assert!(said.contains("ferry-agent-holding-pods"), "refused by the policy: {said}");
+    Ok(())
+}
