@@ -228,6 +228,7 @@ struct GcJson {
     referenced_blobs: u64,
     snapshots: u64,
     waiting_for_writers: u64,
+    ignored_leases: Vec<String>,
 }
 
 fn to_json(report: &GcReport) -> GcJson {
@@ -252,6 +253,7 @@ fn to_json(report: &GcReport) -> GcJson {
             SweepReport::Waiting { writers } => writers,
             _ => 0,
         },
+        ignored_leases: report.ignored_leases.clone(),
     }
 }
 
@@ -278,6 +280,14 @@ pub async fn gc(args: &GcArgs, cancel: &CancellationToken) -> anyhow::Result<()>
         human(json.deleted_bytes),
         json.repacked_packs
     );
+    for lease in &json.ignored_leases {
+        println!(
+            "gc: ignored lease {lease}: it expires further ahead than any holder writes (at most \
+             {} plus the clock skew); a running Ferry did not write it. Delete it if nothing \
+             else should hold the repository",
+            humantime_secs(ferry_repo::gc::MAX_LEASE_TTL.as_secs())
+        );
+    }
     if report.pending() {
         println!(
             "gc: {} backups that started before the mark are still running; run gc again \
@@ -286,6 +296,11 @@ pub async fn gc(args: &GcArgs, cancel: &CancellationToken) -> anyhow::Result<()>
         );
     }
     Ok(())
+}
+
+/// Whole minutes as `N min`.
+fn humantime_secs(secs: u64) -> String {
+    format!("{} min", secs / 60)
 }
 
 #[cfg(test)]

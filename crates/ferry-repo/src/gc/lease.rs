@@ -100,16 +100,42 @@ pub(crate) fn live_holders(
     now: i64,
     skew: Duration,
 ) -> HashMap<HolderId, i64> {
+    let horizon = horizon(now, skew);
     let skew = i64::try_from(skew.as_secs()).unwrap_or(i64::MAX);
     let mut newest: HashMap<HolderId, i64> = HashMap::new();
     for meta in listed {
         if let Some((holder, expires)) = parse_lease(prefix, meta.key.as_str()) {
+            if expires > horizon {
+                tracing::warn!(lease = %meta.key, expires, "ignoring a lease that expires implausibly far ahead (not written by a running Ferry, or a clock far ahead)");
+                continue;
+            }
             let e = newest.entry(holder).or_insert(expires);
             *e = (*e).max(expires);
         }
     }
     newest.retain(|_, expires| expires.saturating_add(skew) >= now);
     newest
+}
+
+/// The latest expiry a lease written now may carry: now + [`crate::gc::MAX_LEASE_TTL`] + skew.
+fn horizon(now: i64, skew: Duration) -> i64 {
+    let ahead = crate::gc::MAX_LEASE_TTL.saturating_add(skew).as_secs();
+    now.saturating_add(i64::try_from(ahead).unwrap_or(i64::MAX))
+}
+
+/// Lease keys whose expiry lies beyond what any holder writes (see [`live_holders`]).
+pub(crate) fn implausible(
+    prefix: &str,
+    listed: &[ObjectMeta],
+    now: i64,
+    skew: Duration,
+) -> Vec<ObjectKey> {
+    let horizon = horizon(now, skew);
+    listed
+        .iter()
+        .filter(|m| parse_lease(prefix, m.key.as_str()).is_some_and(|(_, e)| e > horizon))
+        .map(|m| m.key.clone())
+        .collect()
 }
 
 /// Lease keys that expired long ago (more than `skew` past their expiry).
@@ -141,7 +167,7 @@ impl Lease {
         ttl: Duration,
         cancel: &CancellationToken,
     ) -> RepoResult<Self> {
-        let ttl = ttl.max(Duration::from_secs(1));
+        let ttl = ttl.clamp(Duration::from_secs(1), crate::gc::MAX_LEASE_TTL);
         let mut holder = [0u8; 16];
         rand::RngCore::fill_bytes(&mut rand::rng(), &mut holder);
         let state = Arc::new(State {
@@ -262,5 +288,25 @@ mod tests {
         assert!(!live.contains_key(&[8; 16]));
         assert!(live_holders(WRITERS, &listed, 599, skew).contains_key(&[8; 16]), "skew allowance");
         assert_eq!(expired_keys(WRITERS, &listed, 1050, skew).len(), 2);
+    }
+
+    #[test]
+    fn a_lease_expiring_implausibly_far_ahead_holds_nothing_and_is_reported() {
+        let skew = Duration::from_secs(120);
+        let now = 1_000_000;
+        let longest = now + (crate::gc::MAX_LEASE_TTL + skew).as_secs() as i64;
+        let listed = vec![
+            meta(lease_key(WRITERS, &[1; 16], longest).unwrap().as_str()),
+            // Forged to expire in the year 33658: it would block every sweep for ever.
+            meta(lease_key(WRITERS, &[2; 16], 999_999_999_999).unwrap().as_str()),
+            // A holder whose newest key is forged keeps only its plausible one.
+            meta(lease_key(WRITERS, &[3; 16], now - 1000).unwrap().as_str()),
+            meta(lease_key(WRITERS, &[3; 16], longest + 1).unwrap().as_str()),
+        ];
+        let live = live_holders(WRITERS, &listed, now, skew);
+        assert!(live.contains_key(&[1; 16]), "the longest lease a holder writes counts");
+        assert!(!live.contains_key(&[2; 16]) && !live.contains_key(&[3; 16]), "{live:?}");
+        let reported = implausible(WRITERS, &listed, now, skew);
+        assert_eq!(reported, vec![listed[1].key.clone(), listed[3].key.clone()]);
     }
 }

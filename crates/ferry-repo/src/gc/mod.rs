@@ -41,6 +41,13 @@ pub(crate) use state::{exclusions, mark_ids};
 /// Default lease of backups and restores (refreshed every third of it).
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10 * 60);
 
+/// The longest lease any holder takes ([`Repository::set_lease_ttl`] and
+/// [`GcOptions::lock_ttl`] are capped to it). A lease whose expiry lies further ahead than this
+/// plus the allowed clock skew was not written by a running Ferry (a forged key, or a clock far
+/// ahead): it is ignored, so it cannot hold garbage collection off forever, and reported
+/// ([`GcReport::ignored_leases`]).
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(60 * 60);
+
 /// Options for garbage collection.
 #[derive(Debug, Clone)]
 pub struct GcOptions {
@@ -144,6 +151,9 @@ pub struct GcReport {
     pub mark: Option<MarkReport>,
     /// This run's sweep (or why it could not happen yet).
     pub sweep: SweepReport,
+    /// Lease keys ignored because their expiry lies implausibly far ahead (see
+    /// [`MAX_LEASE_TTL`]).
+    pub ignored_leases: Vec<String>,
 }
 
 impl GcReport {
@@ -195,12 +205,25 @@ pub async fn gc(
     cancel: &CancellationToken,
 ) -> RepoResult<GcReport> {
     let started = Instant::now();
+    let mut ignored_leases = Vec::new();
+    for prefix in [lease::WRITERS, lease::GC_LOCK] {
+        let listed = repo
+            .store()
+            .list(prefix, cancel)
+            .await
+            .map_err(|e| RepoError::store("list", prefix, e))?;
+        ignored_leases.extend(
+            lease::implausible(prefix, &listed, crate::repo::unix_now(), options.max_clock_skew)
+                .into_iter()
+                .map(|k| k.as_str().to_owned()),
+        );
+    }
     let earlier = match gc_sweep(repo, options, cancel).await? {
         SweepReport::NothingMarked => None,
         SweepReport::Waiting { .. } => {
             let sweep = wait_and_sweep(repo, options, started, cancel).await?;
             if matches!(sweep, SweepReport::Waiting { .. }) {
-                return Ok(GcReport { earlier: None, mark: None, sweep });
+                return Ok(GcReport { earlier: None, mark: None, sweep, ignored_leases });
             }
             Some(sweep)
         }
@@ -208,7 +231,7 @@ pub async fn gc(
     };
     let mark = gc_mark(repo, options, cancel).await?;
     let sweep = wait_and_sweep(repo, options, started, cancel).await?;
-    Ok(GcReport { earlier, mark: Some(mark), sweep })
+    Ok(GcReport { earlier, mark: Some(mark), sweep, ignored_leases })
 }
 
 async fn wait_and_sweep(

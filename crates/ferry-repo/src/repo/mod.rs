@@ -260,6 +260,7 @@ impl Repository {
     /// collection's sweep for this long plus the allowed clock skew. Default
     /// [`crate::gc::DEFAULT_LEASE_TTL`].
     pub fn set_lease_ttl(&self, ttl: std::time::Duration) {
+        let ttl = ttl.min(crate::gc::MAX_LEASE_TTL);
         let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1000);
         self.inner.lease_ttl_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
     }

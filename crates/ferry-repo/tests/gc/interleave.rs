@@ -104,6 +104,27 @@ async fn a_crashed_writer_blocks_the_sweep_only_until_its_lease_expires() {
     assert_clean(&repo).await;
 }
 
+/// A lease forged (or written by a clock far ahead) to expire years from now holds nothing:
+/// garbage collection sweeps at once and reports the lease instead of waiting for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_expiring_implausibly_far_ahead_is_ignored_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fs_store(&dir.path().join("repo"));
+    let repo = init(Arc::clone(&store)).await;
+    let s = backup(&repo, &tree(&dir.path().join("a"), &[1, 2])).await;
+    forget(&repo, &[s.snapshot_id], &CancellationToken::new()).await.unwrap();
+    let forged =
+        ObjectKey::new(format!("locks/{}-{:020}", "cd".repeat(16), 99_999_999_999u64)).unwrap();
+    store.put_if_absent(&forged, "forged".into(), &CancellationToken::new()).await.unwrap();
+    let mut options = gc_options();
+    options.wait = Duration::ZERO;
+    let report = gc(&repo, &options, &CancellationToken::new()).await.unwrap();
+    assert!(!report.pending(), "the forged lease held the sweep: {report:?}");
+    assert_eq!(report.ignored_leases, vec![forged.as_str().to_owned()]);
+    assert_eq!(data_bytes(store.as_ref()).await, 0);
+    assert_clean(&repo).await;
+}
+
 /// Several backups, forgets and collections at the same time on one repository; afterwards
 /// every remaining snapshot is intact and everything forgotten is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
