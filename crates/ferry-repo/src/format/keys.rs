@@ -128,9 +128,11 @@ impl KdfParams {
         Self { memory_kib: 64, iterations: 1, parallelism: 1 }
     }
 
-    /// The most a key file may ask for (bounds work and memory on a hostile key file).
-    const MAX_MEMORY_KIB: u32 = 4 * 1024 * 1024;
-    const MAX_ITERATIONS: u32 = 64;
+    /// The most memory a key file may ask for: 1 GiB, half the agent's default memory limit
+    /// (a hostile key file must not get the agent killed for memory), 16 times the default.
+    pub const MAX_MEMORY_KIB: u32 = 1024 * 1024;
+    /// The most passes a key file may ask for (bounds the time one key file costs).
+    pub const MAX_ITERATIONS: u32 = 64;
 
     fn derive(&self, password: &[u8], salt: &[u8]) -> Result<[u8; 32], FormatError> {
         let invalid = |reason: String| FormatError::Invalid { what: "argon2 parameters", reason };
@@ -282,6 +284,10 @@ mod tests {
     fn hostile_costs_are_refused_before_work() {
         let huge = KdfParams { memory_kib: u32::MAX, iterations: 1, parallelism: 1 };
         assert!(huge.derive(b"p", &[0; 32]).is_err());
+        // Over the agent's share of memory: refused without allocating it.
+        let over = KdfParams { memory_kib: 2 * 1024 * 1024, iterations: 1, parallelism: 1 };
+        let refused = over.derive(b"p", &[0; 32]).expect_err("2 GiB");
+        assert!(refused.to_string().contains("exceeds the accepted maximum"), "{refused}");
     }
 
     proptest! {

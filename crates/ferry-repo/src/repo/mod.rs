@@ -58,6 +58,11 @@ pub enum InitOutcome {
     AlreadyExisted,
 }
 
+/// The most key files [`Repository::open`] tries before giving up.
+pub const MAX_KEY_FILES_TRIED: usize = 32;
+/// The largest object under `keys/` that [`Repository::open`] reads as a key file.
+pub const MAX_KEY_FILE_BYTES: u64 = 4096;
+
 /// An open repository. Cheap to clone; safe to share between tasks and threads.
 #[derive(Debug, Clone)]
 pub struct Repository {
@@ -175,7 +180,9 @@ impl Repository {
         }
     }
 
-    /// Opens the repository in `store` with `password`.
+    /// Opens the repository in `store` with `password`. At most [`MAX_KEY_FILES_TRIED`] key
+    /// files are tried; objects under `keys/` larger than [`MAX_KEY_FILE_BYTES`] are skipped
+    /// without being downloaded.
     ///
     /// # Errors
     /// [`RepoError::NotFound`] when there is no repository, [`RepoError::WrongPassword`] when no
@@ -203,6 +210,16 @@ impl Repository {
             // Only content-addressed names are key files (`key list` and `key remove` see no
             // others, so a key under another name could not be told apart or protected).
             let Some(id) = layout::id_of(&meta.key) else { continue };
+            // A key file is a few hundred bytes: a larger object is not one (and is not
+            // downloaded).
+            if meta.size > MAX_KEY_FILE_BYTES {
+                continue;
+            }
+            // Each try costs a key derivation (up to a second or more): a bucket stuffed with
+            // key files must not keep the opener busy for hours.
+            if tried == MAX_KEY_FILES_TRIED {
+                return Err(RepoError::TooManyKeyFiles { location: store.location(), tried });
+            }
             let bytes = match store.get(&meta.key, cancel).await {
                 Ok(bytes) => bytes,
                 // Removed since the listing: a node that lost an init race, or `repo key
