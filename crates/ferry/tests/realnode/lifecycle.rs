@@ -334,3 +334,100 @@ async fn the_agents_account_cannot_create_a_pod_with_host_access() -> TestResult
     assert!(said.contains("ferry-agent-holding-pods"), "refused by the policy: {said}");
     Ok(())
 }
+
+/// Canceled while Accepted: the agent took the DataUpload and waits for its source snapshot,
+/// which never becomes ready (its class names a CSI driver that is not installed, so the real
+/// snapshot controller waits without an error: the state is certain, not a race). The
+/// DataUpload ends Canceled saying so, and nothing of an exposure is left.
+#[tokio::test]
+async fn an_upload_canceled_while_accepted_ends_canceled_and_leaves_nothing() -> TestResult {
+    use ferry_api::k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    use ferry_api::{VolumeSnapshot, VolumeSnapshotClass};
+    use kube::api::{Patch, PatchParams, PostParams};
+
+    let node = node::node();
+    let _agent = node::AGENT.read().await;
+    let client = node.client()?;
+    let ns = node.namespace("accepted").await?;
+    node::create_pvc(&client, &ns, "disk", "8Mi", "Block").await?;
+    // Bound first: the snapshot controller fails a snapshot of an unbound claim.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let deadline = Instant::now() + WAIT;
+    while claims.get("disk").await?.status.and_then(|s| s.phase).as_deref() != Some("Bound") {
+        assert!(Instant::now() < deadline, "PVC disk not bound");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let class_name = format!("nobody-{ns}");
+    let class: VolumeSnapshotClass = serde_json::from_value(serde_json::json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+        "metadata": { "name": class_name },
+        "driver": "nobody.ferry.io", "deletionPolicy": "Retain",
+    }))?;
+    let classes: Api<VolumeSnapshotClass> = Api::all(client.clone());
+    classes.create(&PostParams::default(), &class).await?;
+    let snapshot: VolumeSnapshot = serde_json::from_value(serde_json::json!({
+        "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+        "metadata": { "name": "limbo", "namespace": ns },
+        "spec": { "volumeSnapshotClassName": class_name,
+            "source": { "persistentVolumeClaimName": "disk" } },
+    }))?;
+    let snapshots: Api<VolumeSnapshot> = Api::namespaced(client.clone(), &ns);
+    snapshots.create(&PostParams::default(), &snapshot).await?;
+
+    let du = node::data_upload(&client, &ns, "disk", "limbo", "accepted").await?;
+    let name = name_of(&du);
+    let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let phase_of = |du: &DataUpload| du.status.as_ref().and_then(|s| s.phase);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let du = uploads.get(&name).await?;
+        match phase_of(&du) {
+            Some(ferry_api::DataUploadPhase::Accepted) => break,
+            None | Some(ferry_api::DataUploadPhase::New) => {}
+            _ => return Err(format!("not Accepted but {:?}", du.status).into()),
+        }
+        assert!(Instant::now() < deadline, "not Accepted in time: {:?}", du.status);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // It stays there: the source snapshot never becomes ready.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = uploads.get(&name).await?;
+    assert_eq!(phase_of(&still), Some(ferry_api::DataUploadPhase::Accepted), "{:?}", still.status);
+
+    uploads
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": { "cancel": true } })),
+        )
+        .await?;
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        let du = uploads.get(&name).await?;
+        let released = !du
+            .metadata
+            .finalizers
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .any(|f| f == ferry_api::keys::DATA_UPLOAD_DOWNLOAD_FINALIZER);
+        if phase_of(&du) == Some(ferry_api::DataUploadPhase::Canceled) && released {
+            break du.status.unwrap_or_default();
+        }
+        assert!(Instant::now() < deadline, "not Canceled after cancel: {:?}", du.status);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(status.message.contains("cancel"), "{}", status.message);
+    assert!(status.start_timestamp.is_none(), "it never moved data: {status:?}");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let backup_snapshots: Api<VolumeSnapshot> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    assert!(pods.get_opt(&name).await?.is_none(), "no holding pod");
+    assert!(pvcs.get_opt(&name).await?.is_none(), "no backup PVC");
+    assert!(backup_snapshots.get_opt(&name).await?.is_none(), "no backup VolumeSnapshot");
+    // The source snapshot is the user's (Velero's): left as it was.
+    assert!(snapshots.get_opt("limbo").await?.is_some());
+    snapshots.delete("limbo", &Default::default()).await?;
+    classes.delete(&class_name, &Default::default()).await?;
+    Ok(())
+}
