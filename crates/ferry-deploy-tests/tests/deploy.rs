@@ -314,7 +314,7 @@ fn the_log_filter_is_set_in_ferry_log() -> anyhow::Result<()> {
 /// deploy/build-helm.sh stamps helm as helm's own release build does: `helm version` says the
 /// pinned version, and without `--kube-version` helm assumes the Kubernetes version of the
 /// client-go it was built with (unstamped, it assumes v1.20 and fails the chart's
-/// `kubeVersion: >=1.27.0-0`).
+/// `kubeVersion: >=1.30.0-0`).
 #[test]
 fn helm_is_built_with_its_version_and_kubernetes_version() -> anyhow::Result<()> {
     let rendered = helm_template_as_built(&[])?;
@@ -544,7 +544,7 @@ fn the_agent_may_create_only_holding_pods() -> anyhow::Result<()> {
     let (admitted, out) = create_as(cp, Some(AGENT), &pod_yaml("holder", |_| {}))?;
     assert!(admitted, "a holding pod is refused: {out}");
     type Tweak = fn(&mut serde_json::Value);
-    let refused: [(&str, Tweak, &str); 6] = [
+    let refused: [(&str, Tweak, &str); 8] = [
         (
             "as-velero",
             |p| {
@@ -558,6 +558,21 @@ fn the_agent_may_create_only_holding_pods() -> anyhow::Result<()> {
             "root",
             |p| p["spec"]["securityContext"] = serde_json::json!({ "runAsUser": 0 }),
             "runs as non-root",
+        ),
+        (
+            "root-at-pod-level",
+            |p| p["spec"]["securityContext"]["runAsUser"] = 0.into(),
+            "runs as non-root",
+        ),
+        (
+            "root-in-container",
+            // The pod says non-root, its one container overrides it (and runs as the image's
+            // user, root in many images).
+            |p| {
+                p["spec"]["securityContext"] = serde_json::json!({ "runAsNonRoot": true });
+                p["spec"]["containers"][0]["securityContext"]["runAsNonRoot"] = false.into();
+            },
+            "is unprivileged",
         ),
         (
             "capable",

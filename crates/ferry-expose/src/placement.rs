@@ -10,8 +10,10 @@
 //! - **How it becomes node affinity**: every `matchLabels` pair becomes an `In` requirement
 //!   with that one value, every `matchExpressions` entry a requirement with the same key,
 //!   operator and values; all of them form one required node selector term, so they must all
-//!   hold. Ferry adds its own requirement (`kubernetes.io/hostname NotIn` the nodes whose
-//!   agents stopped) to the same term.
+//!   hold. Ferry names nodes by their object name in `matchFields` of the same term: the node
+//!   a WaitForFirstConsumer target selected (`metadata.name In`), and one `metadata.name NotIn`
+//!   per node whose agent stopped (the API server accepts one value per node field
+//!   requirement).
 //! - **Labels**: the configured labels, under Ferry's own (which the exposers find their
 //!   objects by); annotations as configured.
 
@@ -22,7 +24,6 @@ use ferry_api::k8s_openapi::api::core::v1::{
 };
 use ferry_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-/// The node label naming a node.
 /// The node field a node affinity names a node by.
 pub(crate) const NODE_NAME_FIELD: &str = "metadata.name";
 
@@ -82,9 +83,8 @@ pub(crate) fn node_affinity(
     if let Some(node) = node {
         names.push(by_name("In", vec![node.to_owned()]));
     }
-    if !avoid.is_empty() {
-        names.push(by_name("NotIn", avoid.to_vec()));
-    }
+    // One value per requirement: the API server refuses more in a node field selector.
+    names.extend(avoid.iter().map(|n| by_name("NotIn", vec![n.clone()])));
     if labels.is_empty() && names.is_empty() {
         return None;
     }
@@ -185,6 +185,20 @@ mod tests {
             node_affinity(Some(&LoadAffinity::default()), None, &[]),
             None,
             "empty selector"
+        );
+        let two = node_affinity(None, Some("n0"), &["n1".to_owned(), "n2".to_owned()]).unwrap();
+        let fields = serde_json::to_value(&two).unwrap()["nodeAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+            ["matchFields"]
+            .clone();
+        assert_eq!(
+            fields,
+            json!([
+                {"key": "metadata.name", "operator": "In", "values": ["n0"]},
+                {"key": "metadata.name", "operator": "NotIn", "values": ["n1"]},
+                {"key": "metadata.name", "operator": "NotIn", "values": ["n2"]},
+            ]),
+            "one value per node field requirement, as the API server requires"
         );
         let only_avoid = node_affinity(None, None, &["n1".to_owned()]).unwrap();
         let required = only_avoid.node_affinity.unwrap();

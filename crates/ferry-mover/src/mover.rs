@@ -44,8 +44,9 @@ impl RepoMover {
 }
 
 impl RepoMover {
-    /// The CR's repository, and a warning found while opening it (the agent publishes it
-    /// as a Warning Event on the CR).
+    /// The CR's repository, and a warning found while opening it: logged here at once
+    /// (whatever becomes of the data movement), and published by the agent as a Warning
+    /// Event on the CR when it completes.
     async fn open(
         &self,
         location: &str,
@@ -54,6 +55,9 @@ impl RepoMover {
     ) -> Result<(Repository, String, Vec<String>), WorkError> {
         let opened =
             self.repos.open(location, namespace, cancel).await.map_err(WorkError::from_error)?;
+        if let Some(warning) = &opened.warning {
+            tracing::warn!(repository = %opened.location, "{warning}");
+        }
         Ok((opened.repo, opened.location, opened.warning.into_iter().collect()))
     }
 }

@@ -186,7 +186,9 @@ impl BslRepositories {
                     name: secret.clone(),
                     key: key.clone(),
                     reason: format!(
-                        "the secret does not exist, and BackupStorageLocation {location} names                          it in spec.credential: create it, or remove spec.credential to use                          Velero's cloud-credentials or the node's own cloud identity"
+                        "the secret does not exist, and BackupStorageLocation {location} names \
+                         it in spec.credential: create it, or remove spec.credential to use \
+                         Velero's cloud-credentials or the node's own cloud identity"
                     ),
                 });
             }

@@ -29,18 +29,6 @@ pub enum RepoError {
         /// Key files tried.
         tried: usize,
     },
-    /// More key files than an open tries, none of them opening with the password.
-    #[error(
-        "wrong password, or a repository with too many key files: none of the first {tried} key \
-         files in {location} opens with it (keep a repository to a few keys: `ferry repo key \
-         list`, `ferry repo key remove`)"
-    )]
-    TooManyKeyFiles {
-        /// The repository.
-        location: String,
-        /// Key files tried.
-        tried: usize,
-    },
     /// A store call failed.
     #[error("{operation} {key}: {source}")]
     Store {

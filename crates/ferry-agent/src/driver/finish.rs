@@ -120,7 +120,6 @@ pub(super) async fn complete<C: MoverCr>(
         let note = format!("{summary} on node {}: {stats}", ctx.me());
         ctx.events.normal(&done, "Completed", note).await;
         for warning in C::outcome_warnings(outcome) {
-            tracing::warn!(kind = C::KIND, %name, "{warning}");
             ctx.events.warning(&done, "RepositoryWarning", warning.clone()).await;
         }
     }

@@ -58,8 +58,6 @@ pub enum InitOutcome {
     AlreadyExisted,
 }
 
-/// The most key files [`Repository::open`] tries before giving up.
-pub const MAX_KEY_FILES_TRIED: usize = 32;
 /// The largest object under `keys/` that [`Repository::open`] reads as a key file.
 pub const MAX_KEY_FILE_BYTES: u64 = 4096;
 
@@ -180,9 +178,8 @@ impl Repository {
         }
     }
 
-    /// Opens the repository in `store` with `password`. At most [`MAX_KEY_FILES_TRIED`] key
-    /// files are tried; objects under `keys/` larger than [`MAX_KEY_FILE_BYTES`] are skipped
-    /// without being downloaded.
+    /// Opens the repository in `store` with `password`. Objects under `keys/` larger than
+    /// [`MAX_KEY_FILE_BYTES`] are skipped without being downloaded.
     ///
     /// # Errors
     /// [`RepoError::NotFound`] when there is no repository, [`RepoError::WrongPassword`] when no
@@ -214,11 +211,6 @@ impl Repository {
             // downloaded).
             if meta.size > MAX_KEY_FILE_BYTES {
                 continue;
-            }
-            // Each try costs a key derivation (up to a second or more): a bucket stuffed with
-            // key files must not keep the opener busy for hours.
-            if tried == MAX_KEY_FILES_TRIED {
-                return Err(RepoError::TooManyKeyFiles { location: store.location(), tried });
             }
             let bytes = match store.get(&meta.key, cancel).await {
                 Ok(bytes) => bytes,
