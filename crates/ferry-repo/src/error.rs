@@ -49,6 +49,20 @@ pub enum RepoError {
         #[source]
         source: FormatError,
     },
+    /// A stored object is larger than any valid object of its kind may be
+    /// ([`crate::format::limits`]), so it was refused by its size without being downloaded.
+    #[error(
+        "{object} is {size} bytes, more than the {max} bytes allowed for it, so it was not \
+         read: it is damaged, or something other than Ferry wrote it"
+    )]
+    TooLarge {
+        /// Kind and key of the object (`snapshot snapshots/ab12..`).
+        object: String,
+        /// Its size as the store reported it.
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
     /// A blob referenced by a tree or snapshot is in no index.
     #[error("blob {id} referenced by {referrer} is missing from the index")]
     MissingBlob {
@@ -183,8 +197,34 @@ impl RepoError {
     pub(crate) fn store(operation: &'static str, key: impl ToString, source: StoreError) -> Self {
         match source {
             StoreError::Cancelled => Self::Cancelled,
+            StoreError::TooLarge { key, size, max } => {
+                Self::TooLarge { object: key.to_string(), size, max }
+            }
             source => Self::Store { operation, key: key.to_string(), source },
         }
+    }
+
+    /// A capped whole read's error, the object named by `noun` and its key; cancellation
+    /// stays [`RepoError::Cancelled`].
+    pub(crate) fn whole_read(
+        operation: &'static str,
+        noun: &str,
+        key: &ferry_store::ObjectKey,
+        source: StoreError,
+    ) -> Self {
+        match source {
+            StoreError::TooLarge { size, max, .. } => {
+                Self::TooLarge { object: format!("{noun} {key}"), size, max }
+            }
+            source => Self::store(operation, key, source),
+        }
+    }
+
+    /// Whether a stored object is damaged: it failed to decode or authenticate, or it is
+    /// larger than any valid one. Other objects are still worth reading.
+    #[must_use]
+    pub fn is_damaged_object(&self) -> bool {
+        matches!(self, Self::Corrupt { .. } | Self::TooLarge { .. })
     }
 
     /// A decoding error with the object named.

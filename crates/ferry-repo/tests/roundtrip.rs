@@ -257,7 +257,7 @@ struct ForgetBeforeRead {
 #[async_trait::async_trait]
 impl ferry_store::Hook for ForgetBeforeRead {
     async fn before(&self, call: ferry_store::Call<'_>) {
-        if let ferry_store::Call::Get(key) = call
+        if let Some(key) = call.whole_read()
             && key.as_str().ends_with(&self.suffix)
         {
             let _ = self.store.delete(key, &CancellationToken::new()).await;

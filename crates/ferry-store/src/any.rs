@@ -81,6 +81,15 @@ impl ObjectStore for AnyStore {
         dispatch!(self, s => s.get(key, cancel).await)
     }
 
+    async fn get_at_most(
+        &self,
+        key: &ObjectKey,
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> StoreResult<Bytes> {
+        dispatch!(self, s => s.get_at_most(key, max_bytes, cancel).await)
+    }
+
     async fn get_range(
         &self,
         key: &ObjectKey,

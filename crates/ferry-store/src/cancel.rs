@@ -1,4 +1,4 @@
-//! Cancellation and range helpers shared by the backends.
+//! Cancellation, range and size-cap helpers shared by the backends.
 
 use std::future::Future;
 
@@ -32,6 +32,11 @@ pub(crate) fn check_range(key: &ObjectKey, offset: u64, len: u64, size: u64) -> 
     }
 }
 
+/// Refuses an object of `size` bytes for a whole read capped at `max` bytes.
+pub(crate) fn check_size(key: &ObjectKey, size: u64, max: u64) -> StoreResult<()> {
+    if size > max { Err(StoreError::TooLarge { key: key.clone(), size, max }) } else { Ok(()) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -44,6 +49,21 @@ mod tests {
         assert!(check_range(&key, 10, 1, 10).is_err());
         assert!(check_range(&key, 11, 0, 10).is_err());
         assert!(check_range(&key, u64::MAX, 2, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn sizes_up_to_the_cap_pass() {
+        let key = ObjectKey::new("k").unwrap_or_else(|e| panic!("{e}"));
+        assert!(check_size(&key, 0, 0).is_ok());
+        assert!(check_size(&key, 10, 10).is_ok());
+        let over = check_size(&key, 11, 10);
+        assert!(matches!(over, Err(StoreError::TooLarge { size: 11, max: 10, .. })), "{over:?}");
+        let message = over.err().map(|e| e.to_string()).unwrap_or_default();
+        assert_eq!(
+            message,
+            "object k is 11 bytes, more than the 10 bytes a whole read of it may take; it was \
+             not read"
+        );
     }
 
     #[tokio::test]

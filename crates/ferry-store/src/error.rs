@@ -28,6 +28,23 @@ pub enum StoreError {
         /// The object's size.
         size: u64,
     },
+    /// A capped whole-object read ([`ObjectStore::get_at_most`](crate::ObjectStore::get_at_most))
+    /// met an object larger than its cap. Refused by the size the backend announced before
+    /// any of the body was read, or, when it announced none, as soon as the bytes received
+    /// passed the cap: never more than the cap is kept.
+    #[error(
+        "object {key} is {size} bytes, more than the {max} bytes a whole read of it may take; \
+         it was not read"
+    )]
+    TooLarge {
+        /// The object.
+        key: ObjectKey,
+        /// Its size as announced; when the backend announced none, the bytes received before
+        /// reading stopped (then a lower bound).
+        size: u64,
+        /// The cap of the read.
+        max: u64,
+    },
     /// The storage location (bucket, directory) does not exist.
     #[error("storage location {location} does not exist")]
     LocationMissing {

@@ -180,6 +180,16 @@ impl<S: ObjectStore> ObjectStore for FaultyStore<S> {
         self.run(format!("get {key}"), false, cancel, self.inner.get(key, cancel)).await
     }
 
+    async fn get_at_most(
+        &self,
+        key: &ObjectKey,
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> StoreResult<Bytes> {
+        let call = self.inner.get_at_most(key, max_bytes, cancel);
+        self.run(format!("get {key}"), false, cancel, call).await
+    }
+
     async fn get_range(
         &self,
         key: &ObjectKey,

@@ -16,8 +16,10 @@ use crate::{ObjectKey, ObjectMeta, ObjectStore, PutOutcome, StoreResult};
 pub enum Call<'a> {
     /// `put_if_absent`.
     Put(&'a ObjectKey),
-    /// `get`.
+    /// `get`: a whole read, uncapped.
     Get(&'a ObjectKey),
+    /// `get_at_most`: a whole read capped at the given number of bytes.
+    GetAtMost(&'a ObjectKey, u64),
     /// `get_range`.
     GetRange(&'a ObjectKey),
     /// `head`.
@@ -28,15 +30,27 @@ pub enum Call<'a> {
     Delete(&'a ObjectKey),
 }
 
-impl Call<'_> {
+impl<'a> Call<'a> {
     /// The object's key, or the prefix listed.
     #[must_use]
     pub fn key(&self) -> &str {
         match self {
-            Self::Put(k) | Self::Get(k) | Self::GetRange(k) | Self::Head(k) | Self::Delete(k) => {
-                k.as_str()
-            }
+            Self::Put(k)
+            | Self::Get(k)
+            | Self::GetAtMost(k, _)
+            | Self::GetRange(k)
+            | Self::Head(k)
+            | Self::Delete(k) => k.as_str(),
             Self::List(prefix) => prefix,
+        }
+    }
+
+    /// The object's key when this is a whole read, capped or not.
+    #[must_use]
+    pub fn whole_read(&self) -> Option<&'a ObjectKey> {
+        match *self {
+            Self::Get(k) | Self::GetAtMost(k, _) => Some(k),
+            _ => None,
         }
     }
 }
@@ -99,6 +113,16 @@ impl<H: Hook> ObjectStore for Hooked<H> {
         self.around(Call::Get(key), || self.inner.get(key, cancel)).await
     }
 
+    async fn get_at_most(
+        &self,
+        key: &ObjectKey,
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> StoreResult<Bytes> {
+        let call = Call::GetAtMost(key, max_bytes);
+        self.around(call, || self.inner.get_at_most(key, max_bytes, cancel)).await
+    }
+
     async fn get_range(
         &self,
         key: &ObjectKey,
@@ -147,6 +171,17 @@ mod tests {
         }
     }
 
+    #[test]
+    fn whole_reads_capped_or_not_are_told_apart() {
+        let k = ObjectKey::new("a").unwrap();
+        assert_eq!(Call::Get(&k).whole_read(), Some(&k));
+        assert_eq!(Call::GetAtMost(&k, 5).whole_read(), Some(&k));
+        assert_eq!(Call::GetAtMost(&k, 5).key(), "a");
+        assert_eq!(Call::GetRange(&k).whole_read(), None);
+        assert_eq!(Call::Head(&k).whole_read(), None);
+        assert_eq!(Call::List("a").whole_read(), None);
+    }
+
     #[tokio::test]
     async fn calls_are_forwarded_and_reported_in_order() {
         let dir = tempfile::tempdir().unwrap();
@@ -159,6 +194,7 @@ mod tests {
         let key = ObjectKey::new("data/ab/cd").unwrap();
         store.put_if_absent(&key, Bytes::from_static(b"xyz"), &cancel).await.unwrap();
         assert_eq!(store.get(&key, &cancel).await.unwrap(), Bytes::from_static(b"xyz"));
+        assert!(store.get_at_most(&key, 2, &cancel).await.is_err());
         assert_eq!(store.get_range(&key, 1, 1, &cancel).await.unwrap(), Bytes::from_static(b"y"));
         assert_eq!(store.list("data/", &cancel).await.unwrap().len(), 1);
         store.delete(&key, &cancel).await.unwrap();
@@ -172,6 +208,8 @@ mod tests {
                 "after data/ab/cd true",
                 "before Get(ObjectKey(\"data/ab/cd\"))",
                 "after data/ab/cd true",
+                "before GetAtMost(ObjectKey(\"data/ab/cd\"), 2)",
+                "after data/ab/cd false",
                 "before GetRange(ObjectKey(\"data/ab/cd\"))",
                 "after data/ab/cd true",
                 "before List(\"data/\")",

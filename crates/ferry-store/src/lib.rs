@@ -35,6 +35,9 @@
 //! assert_eq!(store.put_if_absent(&key, "one".into(), &cancel).await?, PutOutcome::Created);
 //! assert_eq!(store.put_if_absent(&key, "two".into(), &cancel).await?, PutOutcome::AlreadyExists);
 //! assert_eq!(store.get(&key, &cancel).await?, "one");
+//! // Whole reads of objects nobody vouches for are capped: nothing larger is downloaded.
+//! assert_eq!(store.get_at_most(&key, 3, &cancel).await?, "one");
+//! assert!(store.get_at_most(&key, 2, &cancel).await.is_err());
 //! # Ok(())
 //! # }
 //! ```
@@ -105,11 +108,27 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
         cancel: &CancellationToken,
     ) -> StoreResult<PutOutcome>;
 
-    /// Reads a whole object.
+    /// Reads a whole object, whatever its size. For objects whose size is not known to be
+    /// sane (anything in a bucket others can write to), use [`ObjectStore::get_at_most`].
     ///
     /// # Errors
     /// [`StoreError::NotFound`] when the key does not exist; storage failures, cancellation.
     async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes>;
+
+    /// Reads a whole object of at most `max_bytes` bytes. A larger object is refused with
+    /// [`StoreError::TooLarge`] by the size the backend reports for it, before its body is
+    /// read; a body that runs past the cap anyway (a backend that announced no size) stops
+    /// being read there, and one that runs past the size announced is an error. So a read
+    /// never holds more than about `max_bytes`, whatever the object is.
+    ///
+    /// # Errors
+    /// As [`ObjectStore::get`], plus [`StoreError::TooLarge`].
+    async fn get_at_most(
+        &self,
+        key: &ObjectKey,
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> StoreResult<Bytes>;
 
     /// Reads `len` bytes starting at `offset`. A range reaching past the end is an error
     /// ([`StoreError::RangeOutOfBounds`]), never a short read.
@@ -172,6 +191,15 @@ impl<T: ObjectStore + ?Sized> ObjectStore for Arc<T> {
 
     async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes> {
         (**self).get(key, cancel).await
+    }
+
+    async fn get_at_most(
+        &self,
+        key: &ObjectKey,
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> StoreResult<Bytes> {
+        (**self).get_at_most(key, max_bytes, cancel).await
     }
 
     async fn get_range(

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
-use crate::cancel::check_range;
+use crate::cancel::{check_range, check_size};
 use crate::{ObjectKey, ObjectMeta, ObjectStore, PutOutcome, StoreError, StoreResult};
 
 /// Objects held in a map in memory. Not for production: nothing survives the process.
@@ -74,6 +74,18 @@ impl ObjectStore for MemoryStore {
     async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes> {
         check_cancel(cancel)?;
         self.object(key)
+    }
+
+    async fn get_at_most(
+        &self,
+        key: &ObjectKey,
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> StoreResult<Bytes> {
+        check_cancel(cancel)?;
+        let data = self.object(key)?;
+        check_size(key, data.len() as u64, max_bytes)?;
+        Ok(data)
     }
 
     async fn get_range(

@@ -38,6 +38,7 @@ macro_rules! contract_tests {
             cancelled_token_stops_every_call,
             missing_objects_are_not_found,
             ranged_reads,
+            capped_whole_reads,
             empty_object_ranges,
             head_reports_size,
             list_by_prefix_in_order,

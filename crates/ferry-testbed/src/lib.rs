@@ -5,6 +5,8 @@
 //!   fixtures installed and the `velero` namespace created. [`ControlPlane::shared`] starts one
 //!   per test binary; tests isolate themselves with [`ControlPlane::unique_namespace`].
 //! - [`S3Server`]: moto's S3 server (or MinIO, for benchmarks) on a free port.
+//! - [`TlsFront`]: a TLS-terminating proxy in front of it, its certificate signed by a private
+//!   CA made for it (an S3 endpoint that needs a CA bundle).
 //! - [`velero::VeleroServer`]: the real `velero server` and CLI of the pinned version with
 //!   Velero's AWS plugin, built by `scripts/build-velero.sh` (cached), and Velero's own CRDs.
 //! - [`realnode::RealCluster`]: that control plane with a real node: kubelet, containerd and
@@ -24,6 +26,7 @@ pub mod netns;
 pub mod paths;
 pub mod process;
 pub mod realnode;
+mod tls_front;
 pub mod velero;
 pub mod workload;
 
@@ -31,3 +34,4 @@ pub use control_plane::{
     ControlPlane, Options, SERVICE_IP, VELERO_NAMESPACE, install_crypto_provider,
 };
 pub use moto::S3Server;
+pub use tls_front::TlsFront;

@@ -20,6 +20,7 @@ use crate::format::{
     open_blob, read_pack_header,
 };
 use crate::progress::{Counters, ProgressFn, Ticker};
+use crate::repo::capped::{self, Limit};
 use crate::repo::{MemIndex, Repository, layout};
 
 mod subset;
@@ -252,8 +253,13 @@ async fn verify_pack(
     cancel: &CancellationToken,
 ) -> RepoResult<(u64, Vec<String>)> {
     let key = layout::pack(&id)?;
-    let bytes =
-        repo.store().get(&key, cancel).await.map_err(|e| RepoError::store("read pack", &key, e))?;
+    let read = capped::read(repo.store().as_ref(), &key, Limit::PACK, "read pack", cancel);
+    let bytes = match read.await {
+        Ok(bytes) => bytes,
+        // Refused by its size, unread: a damaged object like any other.
+        Err(e @ RepoError::TooLarge { .. }) => return Ok((0, vec![e.to_string()])),
+        Err(e) => return Err(e),
+    };
     let keys = repo.keys().clone();
     let len = bytes.len() as u64;
     let problems = tokio::task::spawn_blocking(move || {

@@ -12,6 +12,7 @@ mod crypto;
 mod ids;
 mod index_file;
 mod keys;
+pub mod limits;
 mod pack;
 mod snapshot;
 mod tree;

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{IndexFile, IndexId, IndexPack, PackId, content_address};
 use crate::gc::lease::LeaseCheck;
+use crate::repo::capped::Limit;
 use crate::repo::{Repository, layout};
 
 /// Writes the compacted index; returns how many files it wrote.
@@ -64,6 +65,7 @@ async fn put(
     let bytes = file.encode(&repo.keys().cipher);
     let id = IndexId(content_address(&bytes));
     let key = layout::index(&id)?;
+    Limit::INDEX.check_write(&key, bytes.len())?;
     repo.store()
         .put_if_absent(&key, Bytes::from(bytes), cancel)
         .await

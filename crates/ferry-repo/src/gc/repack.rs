@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{IndexPack, ObjectKind, PackBuilder, PackEntry, PackId, open_blob};
 use crate::gc::lease::LeaseCheck;
+use crate::repo::capped::{self, Limit};
 use crate::repo::writer::write_index;
 use crate::repo::{Repository, layout};
 
@@ -42,11 +43,9 @@ pub(crate) async fn run(
         let end =
             entries[i..].iter().position(|(p, _)| *p != pack).map_or(entries.len(), |n| i + n);
         let key = layout::pack(&pack)?;
-        let bytes = repo
-            .store()
-            .get(&key, cancel)
-            .await
-            .map_err(|e| RepoError::store("read pack to repack", &key, e))?;
+        let read =
+            capped::read(repo.store().as_ref(), &key, Limit::PACK, "read pack to repack", cancel);
+        let bytes = read.await?;
         for (_, e) in &entries[i..end] {
             let (start, stop) = (e.offset as usize, e.offset as usize + e.length as usize);
             let sealed = bytes.get(start..stop).ok_or_else(|| {

@@ -17,6 +17,7 @@ use crate::format::{
 };
 use crate::gc::lease::HolderId;
 use crate::repo::Repository;
+use crate::repo::capped::{self, Limit};
 
 /// Prefix of marks.
 pub(crate) const MARK: &str = "gc/mark-";
@@ -129,6 +130,7 @@ pub(crate) async fn put(
     let bytes = object.encode(&repo.keys().cipher);
     let id = hex::encode(content_address(&bytes));
     let k = key(format!("{prefix}{}", name.unwrap_or(&id)))?;
+    Limit::GC_STATE.check_write(&k, bytes.len())?;
     repo.store()
         .put_if_absent(&k, Bytes::from(bytes), cancel)
         .await
@@ -142,10 +144,11 @@ pub(crate) async fn get(
     key: &ObjectKey,
     cancel: &CancellationToken,
 ) -> RepoResult<Option<GcObject>> {
-    let bytes = match repo.store().get(key, cancel).await {
+    let read = capped::read(repo.store().as_ref(), key, Limit::GC_STATE, "read gc state", cancel);
+    let bytes = match read.await {
         Ok(b) => b,
-        Err(ferry_store::StoreError::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(RepoError::store("read gc state", key, e)),
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(e),
     };
     GcObject::decode(&repo.keys().cipher, &bytes)
         .map(Some)

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 
+use super::capped::{self, Limit};
 use super::{LOAD_CONCURRENCY, Repository, blocking, layout, wrap_key};
 use crate::error::{RepoError, RepoResult};
 use crate::format::{KdfParams, KeyFile, KeyId, KeyWrap};
@@ -64,11 +65,14 @@ impl Repository {
         let mut keys: Vec<KeyInfo> = futures::stream::iter(self.key_ids(cancel).await?)
             .map(|id| async move {
                 let key = layout::key_file(&id)?;
-                let file = match self.store().get(&key, cancel).await {
+                let read =
+                    capped::read(self.store().as_ref(), &key, Limit::KEY_FILE, "read", cancel);
+                let file = match read.await {
                     Ok(bytes) => KeyFile::decode(&bytes)
                         .map(|f| KeyDetails::from(&f))
                         .map_err(|e| format!("damaged: {e}")),
-                    Err(ferry_store::StoreError::Cancelled) => return Err(RepoError::Cancelled),
+                    Err(RepoError::Cancelled) => return Err(RepoError::Cancelled),
+                    Err(RepoError::Store { source, .. }) => Err(format!("unreadable: {source}")),
                     Err(e) => Err(format!("unreadable: {e}")),
                 };
                 Ok(KeyInfo { id, current: id == current, file })
@@ -231,11 +235,9 @@ impl Repository {
         password: &[u8],
         cancel: &CancellationToken,
     ) -> RepoResult<Bytes> {
-        let stored = self
-            .store()
-            .get(key, cancel)
-            .await
-            .map_err(|e| RepoError::store("read back key file", key, e))?;
+        let read =
+            capped::read(self.store().as_ref(), key, Limit::KEY_FILE, "read back key file", cancel);
+        let stored = read.await?;
         let file = KeyFile::decode(&stored).map_err(|e| RepoError::corrupt(key, e))?;
         let password = password.to_vec();
         let master = blocking(move || file.unwrap_with_password(&password))

@@ -1,10 +1,12 @@
 //! A repository over an [`ObjectStore`]: init, open, keys, snapshots, blobs.
 
 mod cache;
+pub(crate) mod capped;
 mod disk_cache;
 pub(crate) mod index;
 mod keys;
 pub(crate) mod layout;
+mod open;
 mod password_policy;
 mod snapshots;
 mod stats;
@@ -23,6 +25,7 @@ use crate::format::{
     MasterKey, ObjectKind, PackParams, RepoKeys, TreePage, content_address, open_blob,
 };
 use cache::PackCache;
+use capped::Limit;
 pub use disk_cache::CacheOptions;
 use disk_cache::{Cached, DiskCache};
 pub use index::BlobLocation;
@@ -58,9 +61,6 @@ pub enum InitOutcome {
     AlreadyExisted,
 }
 
-/// The largest object under `keys/` that [`Repository::open`] reads as a key file.
-pub const MAX_KEY_FILE_BYTES: u64 = 4096;
-
 /// An open repository. Cheap to clone; safe to share between tasks and threads.
 #[derive(Debug, Clone)]
 pub struct Repository {
@@ -75,6 +75,8 @@ struct Inner {
     /// The key file this handle was opened (or created) with, and its bytes (to put it back
     /// if another process removes it while this one removes a key: see `remove_key`).
     own_key: std::sync::Mutex<(KeyId, Bytes)>,
+    /// Key files the open that made this handle tried (each an argon2 derivation).
+    key_files_tried: usize,
     config: Config,
     chunker: Chunker,
     index: tokio::sync::Mutex<Option<Arc<MemIndex>>>,
@@ -167,7 +169,7 @@ impl Repository {
         match outcome {
             PutOutcome::Created => {
                 let own_key = (key_id, Bytes::from(key_bytes));
-                Ok((Self::assemble(store, master, own_key, config)?, InitOutcome::Created))
+                Ok((Self::assemble(store, master, own_key, config, 0)?, InitOutcome::Created))
             }
             PutOutcome::AlreadyExists => {
                 // Lost the race: our key file wraps a key no config uses. Remove it (a leftover
@@ -178,70 +180,14 @@ impl Repository {
         }
     }
 
-    /// Opens the repository in `store` with `password`. Objects under `keys/` larger than
-    /// [`MAX_KEY_FILE_BYTES`] are skipped without being downloaded.
-    ///
-    /// # Errors
-    /// [`RepoError::NotFound`] when there is no repository, [`RepoError::WrongPassword`] when no
-    /// key file opens with `password`, [`RepoError::Corrupt`] for a damaged config, store
-    /// failures.
-    pub async fn open(
-        store: Arc<dyn ObjectStore>,
-        password: &[u8],
-        cancel: &CancellationToken,
-    ) -> RepoResult<Self> {
-        let config_key = layout::config()?;
-        let config_bytes = match store.get(&config_key, cancel).await {
-            Ok(b) => b,
-            Err(StoreError::NotFound { .. } | StoreError::LocationMissing { .. }) => {
-                return Err(RepoError::NotFound { location: store.location() });
-            }
-            Err(e) => return Err(RepoError::store("read", &config_key, e)),
-        };
-        let listed = store
-            .list(layout::KEYS, cancel)
-            .await
-            .map_err(|e| RepoError::store("list", layout::KEYS, e))?;
-        let mut tried = 0;
-        for meta in listed {
-            // Only content-addressed names are key files (`key list` and `key remove` see no
-            // others, so a key under another name could not be told apart or protected).
-            let Some(id) = layout::id_of(&meta.key) else { continue };
-            // A key file is a few hundred bytes: a larger object is not one (and is not
-            // downloaded).
-            if meta.size > MAX_KEY_FILE_BYTES {
-                continue;
-            }
-            let bytes = match store.get(&meta.key, cancel).await {
-                Ok(bytes) => bytes,
-                // Removed since the listing: a node that lost an init race, or `repo key
-                // remove`. Either way it is not the key that opens this repository.
-                Err(StoreError::NotFound { .. }) => continue,
-                Err(e) => return Err(RepoError::store("read key file", &meta.key, e)),
-            };
-            let Ok(file) = KeyFile::decode(&bytes) else { continue };
-            tried += 1;
-            let pw = password.to_vec();
-            let Ok(master) = blocking(move || file.unwrap_with_password(&pw)).await? else {
-                continue;
-            };
-            let keys = master.derive();
-            match Config::decode(&keys.cipher, &config_bytes) {
-                Ok(config) => {
-                    return Self::assemble(store, master, (KeyId(id), bytes), config);
-                }
-                Err(crate::format::FormatError::Authentication) => continue,
-                Err(e) => return Err(RepoError::corrupt("config", e)),
-            }
-        }
-        Err(RepoError::WrongPassword { tried })
-    }
-
+    /// A handle on an opened or created repository; `key_files_tried` is the number of key
+    /// derivations the open needed.
     fn assemble(
         store: Arc<dyn ObjectStore>,
         master: MasterKey,
         own_key: (KeyId, Bytes),
         config: Config,
+        key_files_tried: usize,
     ) -> RepoResult<Self> {
         let keys = master.derive();
         let chunker = Chunker::new(config.chunker, keys.gear())
@@ -252,6 +198,7 @@ impl Repository {
                 keys,
                 master,
                 own_key: std::sync::Mutex::new(own_key),
+                key_files_tried,
                 config,
                 chunker,
                 index: tokio::sync::Mutex::new(None),
@@ -276,26 +223,29 @@ impl Repository {
 
     /// Keeps index files, snapshot manifests and tree packs in a local cache (see
     /// [`CacheOptions`]), so later operations of this and other processes read them from disk
-    /// instead of the store. Cached copies are verified by their hash on every read. The first
-    /// call wins; later calls do nothing. `check` should not use a cache: it is meant to read
-    /// the store.
+    /// instead of the store. Cached copies are verified by their hash on every read. The
+    /// budget covers the whole directory: every repository of this process given the same
+    /// directory and budget shares one running total, and eviction takes the least recently
+    /// used files of all folders in it. The first call wins; later calls do nothing. `check`
+    /// should not use a cache: it is meant to read the store.
     pub fn set_cache(&self, options: &CacheOptions) {
         let _ =
             self.inner.disk_cache.set(Arc::new(DiskCache::new(options, &self.config().repo_id)));
     }
 
-    /// Reads the object `key`, named `id`, through the local cache when there is one. The
-    /// caller still verifies what it gets (a cached copy is verified already).
+    /// Reads the object `key`, named `id`, through the local cache when there is one, from
+    /// the store only up to `limit`. The caller still verifies what it gets (a cached copy is
+    /// verified already).
     pub(crate) async fn get_cached(
         &self,
         kind: Cached,
         id: [u8; 32],
         key: &ferry_store::ObjectKey,
-        what: &'static str,
+        (limit, what): (Limit, &'static str),
         cancel: &CancellationToken,
     ) -> RepoResult<Bytes> {
         let Some(cache) = self.inner.disk_cache.get().cloned() else {
-            return self.store().get(key, cancel).await.map_err(|e| RepoError::store(what, key, e));
+            return capped::read(self.store().as_ref(), key, limit, what, cancel).await;
         };
         let hit = {
             let cache = Arc::clone(&cache);
@@ -304,8 +254,7 @@ impl Repository {
         if let Some(bytes) = hit {
             return Ok(bytes);
         }
-        let bytes =
-            self.store().get(key, cancel).await.map_err(|e| RepoError::store(what, key, e))?;
+        let bytes = capped::read(self.store().as_ref(), key, limit, what, cancel).await?;
         self.keep_copy(kind, id, bytes.clone()).await;
         Ok(bytes)
     }
@@ -317,6 +266,14 @@ impl Repository {
         if let Some(cache) = self.inner.disk_cache.get().cloned() {
             let _ = blocking(move || cache.put(kind, &id, &bytes)).await;
         }
+    }
+
+    /// How many key files the open that made this handle tried, each an argon2 derivation:
+    /// 1 when the first one opened it (as a right hint to [`Repository::open_with_hint`]
+    /// does), 0 for a handle that created the repository.
+    #[must_use]
+    pub fn key_files_tried(&self) -> usize {
+        self.inner.key_files_tried
     }
 
     pub(crate) fn lease_ttl(&self) -> std::time::Duration {
@@ -391,7 +348,8 @@ impl Repository {
         cancel: &CancellationToken,
     ) -> RepoResult<IndexFile> {
         let key = layout::index(&id)?;
-        let bytes = self.get_cached(Cached::Index, id.0, &key, "read index", cancel).await?;
+        let read = (Limit::INDEX, "read index");
+        let bytes = self.get_cached(Cached::Index, id.0, &key, read, cancel).await?;
         let cipher = self.keys().cipher.clone();
         blocking(move || {
             let object = format!("index {key}");
@@ -477,7 +435,9 @@ impl Repository {
         .await?
     }
 
-    /// The sealed bytes of a tree blob from a cached whole-pack read.
+    /// The sealed bytes of a tree blob from a cached whole-pack read; `None` to read the
+    /// blob's range instead (the pack is too large to cache, or larger than the index says:
+    /// it is not read whole then, but its blobs may still be intact).
     async fn tree_pack_bytes(
         &self,
         index: &MemIndex,
@@ -493,9 +453,13 @@ impl Repository {
                     return Ok(None);
                 }
                 let key = layout::pack(&loc.pack)?;
-                let bytes = self
-                    .get_cached(Cached::TreePack, loc.pack.0, &key, "read tree pack", cancel)
-                    .await?;
+                let read = (Limit::indexed_pack(size), "read tree pack");
+                let bytes =
+                    match self.get_cached(Cached::TreePack, loc.pack.0, &key, read, cancel).await {
+                        Ok(bytes) => bytes,
+                        Err(RepoError::TooLarge { .. }) => return Ok(None),
+                        Err(e) => return Err(e),
+                    };
                 cache.insert(loc.pack, bytes.clone());
                 bytes
             }
@@ -575,5 +539,7 @@ async fn wrap_key(
     Ok((KeyId(content_address(&bytes)), bytes))
 }
 
+#[cfg(test)]
+mod hostile_tests;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -4,6 +4,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
+use super::capped::Limit;
 use super::disk_cache::Cached;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{Snapshot, SnapshotId, content_address};
@@ -13,7 +14,8 @@ impl Repository {
     /// Every snapshot, oldest first.
     ///
     /// # Errors
-    /// Store failures; [`RepoError::Corrupt`] naming a damaged snapshot.
+    /// Store failures; [`RepoError::Corrupt`] or [`RepoError::TooLarge`] naming a damaged
+    /// snapshot.
     pub async fn snapshots(
         &self,
         cancel: &CancellationToken,
@@ -26,7 +28,8 @@ impl Repository {
     }
 
     /// Every snapshot that can be read, oldest first, and the errors of those that cannot
-    /// (damaged bytes): one damaged manifest must not hide the others.
+    /// (damaged bytes, or larger than any snapshot): one damaged manifest must not hide the
+    /// others.
     ///
     /// # Errors
     /// Store failures and cancellation (nothing can be listed then).
@@ -44,7 +47,7 @@ impl Repository {
         for result in loaded {
             match result {
                 Ok(pair) => good.push(pair),
-                Err(e @ RepoError::Corrupt { .. }) => damaged.push(e),
+                Err(e) if e.is_damaged_object() => damaged.push(e),
                 // Forgotten since the listing: no longer a snapshot of this repository.
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),
@@ -71,14 +74,16 @@ impl Repository {
     /// Reads one snapshot, checking that its bytes hash to its id.
     ///
     /// # Errors
-    /// Store failures; [`RepoError::Corrupt`] for damaged bytes.
+    /// Store failures; [`RepoError::Corrupt`] for damaged bytes, [`RepoError::TooLarge`] for
+    /// an object larger than any snapshot (not downloaded).
     pub async fn load_snapshot(
         &self,
         id: &SnapshotId,
         cancel: &CancellationToken,
     ) -> RepoResult<Snapshot> {
         let key = layout::snapshot(id)?;
-        let bytes = self.get_cached(Cached::Snapshot, id.0, &key, "read snapshot", cancel).await?;
+        let read = (Limit::SNAPSHOT, "read snapshot");
+        let bytes = self.get_cached(Cached::Snapshot, id.0, &key, read, cancel).await?;
         let object = format!("snapshot {key}");
         if content_address(&bytes) != id.0 {
             return Err(RepoError::corrupt(
@@ -129,6 +134,7 @@ impl Repository {
         let bytes = snapshot.encode(&self.keys().cipher);
         let id = SnapshotId(content_address(&bytes));
         let key = layout::snapshot(&id)?;
+        Limit::SNAPSHOT.check_write(&key, bytes.len())?;
         let bytes = Bytes::from(bytes);
         self.store()
             .put_if_absent(&key, bytes.clone(), cancel)

@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use super::writer::{LocalPacker, Uploader};
 use super::*;
 use crate::format::PackParams;
+use crate::format::limits::MAX_KEY_FILE_BYTES;
 
 pub(crate) fn fast_options() -> InitOptions {
     InitOptions {
@@ -94,12 +95,12 @@ struct DeleteBefore {
 #[async_trait::async_trait]
 impl ferry_store::Hook for DeleteBefore {
     async fn before(&self, call: ferry_store::Call<'_>) {
-        let trigger = if self.on_delete {
-            ferry_store::Call::Delete(&self.trigger)
+        let triggered = if self.on_delete {
+            call == ferry_store::Call::Delete(&self.trigger)
         } else {
-            ferry_store::Call::Get(&self.trigger)
+            call.whole_read() == Some(&self.trigger)
         };
-        if call == trigger {
+        if triggered {
             let _ = self.store.delete(&self.doomed, &CancellationToken::new()).await;
         }
     }
@@ -168,7 +169,7 @@ struct SpoilNewKeys {
 #[async_trait::async_trait]
 impl ferry_store::Hook for SpoilNewKeys {
     async fn before(&self, call: ferry_store::Call<'_>) {
-        if let ferry_store::Call::Get(key) = call
+        if let Some(key) = call.whole_read()
             && key.as_str().starts_with(layout::KEYS)
             && *key != self.keep
         {
@@ -410,7 +411,7 @@ async fn an_open_reads_no_oversized_object_under_keys() -> RepoResult<()> {
     #[async_trait::async_trait]
     impl ferry_store::Hook for Reads {
         async fn before(&self, call: ferry_store::Call<'_>) {
-            if let ferry_store::Call::Get(key) = call {
+            if let Some(key) = call.whole_read() {
                 self.0.lock().expect("lock").push(key.as_str().to_owned());
             }
         }

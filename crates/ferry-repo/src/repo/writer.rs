@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::capped::Limit;
 use super::disk_cache::Cached;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
@@ -210,6 +211,7 @@ pub(crate) async fn write_index(
     let bytes = file.encode(&repo.keys().cipher);
     let id = IndexId(content_address(&bytes));
     let key = layout::index(&id)?;
+    Limit::INDEX.check_write(&key, bytes.len())?;
     let bytes = Bytes::from(bytes);
     repo.store()
         .put_if_absent(&key, bytes.clone(), cancel)

@@ -34,6 +34,7 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::{ObjectKey, ObjectMeta, ObjectStore, PutOutcome, StoreError, StoreResult};
+use read::Want;
 
 /// Name of the directory under the root that holds files being written.
 const TEMP_DIR: &str = "tmp~";
@@ -104,6 +105,17 @@ impl FsStore {
             }
         })?
     }
+
+    /// Reads `want` of the object `key`.
+    async fn read(
+        &self,
+        key: &ObjectKey,
+        want: Want,
+        cancel: &CancellationToken,
+    ) -> StoreResult<Bytes> {
+        let (key, path) = (key.clone(), self.path_of(key));
+        self.blocking(cancel, move |root, cancel| read::read(root, &key, &path, want, cancel)).await
+    }
 }
 
 /// Turns "file not found" into [`StoreError::LocationMissing`] when the root itself is gone,
@@ -151,8 +163,16 @@ impl ObjectStore for FsStore {
     }
 
     async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes> {
-        let (key, path) = (key.clone(), self.path_of(key));
-        self.blocking(cancel, move |root, cancel| read::read(root, &key, &path, None, cancel)).await
+        self.read(key, Want::Whole { max: None }, cancel).await
+    }
+
+    async fn get_at_most(
+        &self,
+        key: &ObjectKey,
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> StoreResult<Bytes> {
+        self.read(key, Want::Whole { max: Some(max_bytes) }, cancel).await
     }
 
     async fn get_range(
@@ -162,11 +182,7 @@ impl ObjectStore for FsStore {
         len: u64,
         cancel: &CancellationToken,
     ) -> StoreResult<Bytes> {
-        let (key, path) = (key.clone(), self.path_of(key));
-        self.blocking(cancel, move |root, cancel| {
-            read::read(root, &key, &path, Some((offset, len)), cancel)
-        })
-        .await
+        self.read(key, Want::Range(offset, len), cancel).await
     }
 
     async fn head(

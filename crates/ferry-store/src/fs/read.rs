@@ -8,18 +8,31 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use super::{check_root, is_absent};
-use crate::cancel::check_range;
+use crate::cancel::{check_range, check_size};
 use crate::{ObjectKey, ObjectMeta, StoreError, StoreResult};
 
 /// Bytes read between two cancellation checks.
 const READ_CHUNK: usize = 4 << 20;
 
-/// Reads the object at `path`, whole or the range `(offset, len)`.
+/// What part of an object to read.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Want {
+    /// All of it, refused (before reading) when larger than the cap.
+    Whole {
+        /// The cap, if any.
+        max: Option<u64>,
+    },
+    /// `len` bytes from `offset`.
+    Range(u64, u64),
+}
+
+/// Reads the object at `path`, whole or a range. Exactly the size the file had when opened is
+/// read, so a file growing meanwhile cannot make the read exceed a cap.
 pub(super) fn read(
     root: &Path,
     key: &ObjectKey,
     path: &Path,
-    range: Option<(u64, u64)>,
+    want: Want,
     cancel: &CancellationToken,
 ) -> StoreResult<Bytes> {
     let not_found = || StoreError::NotFound { key: key.clone() };
@@ -33,7 +46,13 @@ pub(super) fn read(
         return Err(not_found());
     }
     let size = meta.len();
-    let (offset, len) = range.unwrap_or((0, size));
+    let (offset, len) = match want {
+        Want::Whole { max } => {
+            check_size(key, size, max.unwrap_or(u64::MAX))?;
+            (0, size)
+        }
+        Want::Range(offset, len) => (offset, len),
+    };
     check_range(key, offset, len, size)?;
     let len = usize::try_from(len).map_err(|_| StoreError::Backend {
         location: root.display().to_string(),

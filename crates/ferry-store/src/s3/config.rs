@@ -6,6 +6,10 @@ use std::time::Duration;
 use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
+use aws_smithy_http_client::tls::{Provider, TlsContext, TrustStore};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 
 use crate::{StoreError, StoreResult};
 
@@ -37,7 +41,7 @@ impl S3Config {
 }
 
 /// How to reach S3 and how to use it; everything but the bucket and prefix.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct S3Options {
     /// A custom endpoint (`http://127.0.0.1:9000`, an S3-compatible service); `None` for AWS.
     pub endpoint: Option<String>,
@@ -69,6 +73,10 @@ pub struct S3Options {
     pub connect_timeout: Duration,
     /// Limit from sending a request until the first byte of its response.
     pub read_timeout: Duration,
+    /// PEM certificates (one or more) trusted for the endpoint's TLS in addition to the
+    /// platform's roots: the CA of a server whose certificate a private CA signed (Velero's
+    /// `objectStorage.caCert`). `None` trusts the platform's roots only.
+    pub ca_bundle: Option<Vec<u8>>,
 }
 
 impl Default for S3Options {
@@ -87,7 +95,50 @@ impl Default for S3Options {
             max_backoff: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(120),
+            ca_bundle: None,
         }
+    }
+}
+
+impl fmt::Debug for S3Options {
+    /// Every field, the CA bundle by its size only. Destructured so a new field is not
+    /// forgotten here.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self {
+            endpoint,
+            region,
+            force_path_style,
+            credentials,
+            multipart_threshold,
+            part_size,
+            part_concurrency,
+            list_page_size,
+            max_attempts,
+            initial_backoff,
+            max_backoff,
+            connect_timeout,
+            read_timeout,
+            ca_bundle,
+        } = self;
+        f.debug_struct("S3Options")
+            .field("endpoint", endpoint)
+            .field("region", region)
+            .field("force_path_style", force_path_style)
+            .field("credentials", credentials)
+            .field("multipart_threshold", multipart_threshold)
+            .field("part_size", part_size)
+            .field("part_concurrency", part_concurrency)
+            .field("list_page_size", list_page_size)
+            .field("max_attempts", max_attempts)
+            .field("initial_backoff", initial_backoff)
+            .field("max_backoff", max_backoff)
+            .field("connect_timeout", connect_timeout)
+            .field("read_timeout", read_timeout)
+            .field(
+                "ca_bundle",
+                &ca_bundle.as_ref().map(|pem| format!("{} bytes of PEM", pem.len())),
+            )
+            .finish()
     }
 }
 
@@ -133,13 +184,62 @@ pub(super) fn validate(config: &S3Config) -> StoreResult<()> {
     if o.part_concurrency == 0 || o.max_attempts == 0 || o.list_page_size == Some(0) {
         return invalid("part concurrency, attempts and list page size must be positive".into());
     }
+    if let Some(pem) = &o.ca_bundle {
+        ca_certificates(pem).map_err(|message| StoreError::InvalidConfig {
+            location: format!("bucket {}", config.bucket),
+            message: format!("CA bundle: {message}"),
+        })?;
+    }
     Ok(())
 }
 
+/// Checks that the PEM bundle `pem` holds at least one certificate and that each is usable as
+/// a trust anchor.
+///
+/// The SDK reads the bundle only when it connects, and panics on one it cannot use; this
+/// check, the same parse, runs first so a bad bundle is refused with a message instead.
+fn ca_certificates(pem: &[u8]) -> Result<(), String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("not valid PEM: {e}"))?;
+    if certs.is_empty() {
+        return Err("no PEM certificate in it (a `-----BEGIN CERTIFICATE-----` block)".into());
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for (n, cert) in certs.iter().enumerate() {
+        roots.add(cert.clone()).map_err(|e| {
+            format!("certificate {} of {} cannot be a trusted root: {e}", n + 1, certs.len())
+        })?;
+    }
+    Ok(())
+}
+
+/// The SDK's HTTPS client trusting the platform's roots and the certificates of `pem`
+/// (checked by [`validate`]).
+fn client_trusting(
+    options: &S3Options,
+    pem: &[u8],
+) -> StoreResult<aws_sdk_s3::config::SharedHttpClient> {
+    let trust = TrustStore::default().with_native_roots(true).with_pem_certificate(pem);
+    let tls = TlsContext::builder().with_trust_store(trust).build().map_err(|e| {
+        StoreError::InvalidConfig {
+            location: options.endpoint.clone().unwrap_or_else(|| "AWS S3".into()),
+            message: format!("TLS settings with the CA bundle: {e}"),
+        }
+    })?;
+    Ok(aws_smithy_http_client::Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::Ring))
+        .tls_context(tls)
+        .build_https())
+}
+
 /// Builds the SDK client: standard retry mode (exponential backoff with full jitter, bounded
-/// attempts, throttling, 5xx, timeouts and connection failures retried) and the configured
-/// timeouts.
-pub(super) async fn client(options: &S3Options) -> aws_sdk_s3::Client {
+/// attempts, throttling, 5xx, timeouts and connection failures retried), the configured
+/// timeouts, and with a CA bundle an HTTPS client that trusts it too.
+///
+/// # Errors
+/// [`StoreError::InvalidConfig`] if the TLS settings cannot be built.
+pub(super) async fn client(options: &S3Options) -> StoreResult<aws_sdk_s3::Client> {
     let retry = RetryConfig::standard()
         .with_max_attempts(options.max_attempts)
         .with_initial_backoff(options.initial_backoff)
@@ -175,7 +275,11 @@ pub(super) async fn client(options: &S3Options) -> aws_sdk_s3::Client {
     if let Some(endpoint) = &options.endpoint {
         builder = builder.endpoint_url(endpoint.clone());
     }
-    aws_sdk_s3::Client::from_conf(builder.build())
+    // For S3 calls only: credential providers (STS, instance metadata) keep the default.
+    if let Some(pem) = &options.ca_bundle {
+        builder = builder.http_client(client_trusting(options, pem)?);
+    }
+    Ok(aws_sdk_s3::Client::from_conf(builder.build()))
 }
 
 #[cfg(test)]
@@ -198,6 +302,32 @@ mod tests {
         assert!(matches!(validate(&config), Err(StoreError::InvalidConfig { .. })));
         let config = S3Config::new("a/b", "");
         assert!(validate(&config).is_err());
+    }
+
+    #[test]
+    fn ca_bundles_without_a_usable_certificate_are_rejected() {
+        let no_cert = ca_certificates(b"not PEM at all").expect_err("text");
+        assert!(no_cert.contains("no PEM certificate"), "{no_cert}");
+        let key_only = b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
+        assert!(ca_certificates(key_only).is_err());
+        let bad_der = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let bad = ca_certificates(bad_der).expect_err("not a certificate");
+        assert!(bad.contains("certificate 1 of 1"), "{bad}");
+        let mut config = S3Config::new("bucket", "");
+        config.options.ca_bundle = Some(Vec::new());
+        match validate(&config) {
+            Err(StoreError::InvalidConfig { message, .. }) => {
+                assert!(message.starts_with("CA bundle"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn debug_shows_the_ca_bundle_by_size() {
+        let options = S3Options { ca_bundle: Some(vec![b'x'; 1234]), ..S3Options::default() };
+        let shown = format!("{options:?}");
+        assert!(shown.contains("1234 bytes of PEM") && !shown.contains("120, 120"), "{shown}");
     }
 
     #[test]

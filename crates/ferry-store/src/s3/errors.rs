@@ -78,6 +78,10 @@ impl Site<'_> {
                 _ => unavailable(message),
             };
         }
+        if let Some(message) = refused_certificate(&err) {
+            // Retrying will not make the certificate trusted: the settings must change.
+            return StoreError::Backend { location: self.bucket_location(), operation, message };
+        }
         match &err {
             SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) => {
                 return unavailable(DisplayErrorContext(&err).to_string());
@@ -132,6 +136,35 @@ fn credentials_failure<'a>(err: &'a (dyn Error + 'static)) -> Option<&'a Credent
         current = e.source();
     }
     None
+}
+
+/// What to tell a user when the TLS handshake failed because the server's certificate was
+/// refused; `None` for any other failure.
+fn refused_certificate(err: &(dyn Error + 'static)) -> Option<String> {
+    let refusal = chain(err).find_map(|e| match e.downcast_ref::<rustls::Error>() {
+        Some(rustls::Error::InvalidCertificate(refusal)) => Some(refusal),
+        _ => None,
+    })?;
+    let hint = match refusal {
+        rustls::CertificateError::UnknownIssuer | rustls::CertificateError::BadSignature => {
+            "the server's TLS certificate is not signed by a trusted CA: if a private CA signed \
+             it, give that CA's PEM certificate as the CA bundle (a BackupStorageLocation's \
+             objectStorage.caCert)"
+        }
+        _ => "the server's TLS certificate was refused",
+    };
+    Some(format!("{hint}: {}", DisplayErrorContext(err)))
+}
+
+/// `err` and the errors behind it. After an `io::Error` comes its payload (`source` would skip
+/// it: the SDK's TLS failures nest the `rustls::Error` two `io::Error`s deep). Bounded: error
+/// chains are short, the bound only guards against a cyclic one.
+fn chain<'a>(err: &'a (dyn Error + 'static)) -> impl Iterator<Item = &'a (dyn Error + 'static)> {
+    std::iter::successors(Some(err), |&e| match e.downcast_ref::<std::io::Error>() {
+        Some(io) => io.get_ref().map(|inner| inner as &(dyn Error + 'static)),
+        None => e.source(),
+    })
+    .take(32)
 }
 
 /// HTTP status of the response behind `err`, if one arrived.
@@ -196,6 +229,28 @@ mod tests {
     fn credential_provider_outages_are_unavailable() {
         let mapped = map(CredentialsError::provider_timed_out(std::time::Duration::from_secs(5)));
         assert!(mapped.is_retryable(), "{mapped:?}");
+    }
+
+    #[test]
+    fn refused_certificates_are_final_and_say_what_to_do() {
+        let site = Site { bucket: "b", endpoint: "https://127.0.0.1:1" };
+        let refused = |e| {
+            let tls = rustls::Error::InvalidCertificate(e);
+            let inner = std::io::Error::new(std::io::ErrorKind::InvalidData, tls);
+            let io = std::io::Error::other(inner);
+            let err: SdkError<GetObjectError, HttpResponse> =
+                SdkError::dispatch_failure(ConnectorError::io(Box::new(io)));
+            site.error("get k".into(), None, err)
+        };
+        let mapped = refused(rustls::CertificateError::UnknownIssuer);
+        assert!(matches!(mapped, StoreError::Backend { .. }), "{mapped:?}");
+        assert!(!mapped.is_retryable());
+        let message = mapped.to_string();
+        assert!(message.contains("https://127.0.0.1:1"), "{message}");
+        assert!(message.contains("objectStorage.caCert"), "{message}");
+        assert!(message.contains("UnknownIssuer"), "{message}");
+        let expired = refused(rustls::CertificateError::Expired).to_string();
+        assert!(expired.contains("refused") && !expired.contains("caCert"), "{expired}");
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub use config::{S3Config, S3Options, StaticCredentials};
 use crate::cancel::until_cancelled;
 use crate::{ObjectKey, ObjectMeta, ObjectStore, PutOutcome, StoreError, StoreResult};
 use errors::Site;
+use read::Want;
 
 /// Objects in an S3 bucket (AWS or compatible). Cheap to clone.
 ///
@@ -73,10 +74,11 @@ impl S3Store {
     /// show on the first call (or on [`S3Store::check_bucket`]).
     ///
     /// # Errors
-    /// [`StoreError::InvalidConfig`] for settings S3 cannot work with.
+    /// [`StoreError::InvalidConfig`] for settings S3 cannot work with, among them a CA bundle
+    /// without a usable PEM certificate.
     pub async fn new(config: S3Config) -> StoreResult<Self> {
         config::validate(&config)?;
-        let client = config::client(&config.options).await;
+        let client = config::client(&config.options).await?;
         let endpoint = match &config.options.endpoint {
             Some(url) => url.clone(),
             None => match client.config().region() {
@@ -232,7 +234,16 @@ impl ObjectStore for S3Store {
     }
 
     async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes> {
-        until_cancelled(cancel, self.inner.get(key, None)).await
+        until_cancelled(cancel, self.inner.get(key, Want::Whole)).await
+    }
+
+    async fn get_at_most(
+        &self,
+        key: &ObjectKey,
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> StoreResult<Bytes> {
+        until_cancelled(cancel, self.inner.get(key, Want::AtMost(max_bytes))).await
     }
 
     async fn get_range(
@@ -242,7 +253,7 @@ impl ObjectStore for S3Store {
         len: u64,
         cancel: &CancellationToken,
     ) -> StoreResult<Bytes> {
-        until_cancelled(cancel, self.inner.get(key, Some((offset, len)))).await
+        until_cancelled(cancel, self.inner.get(key, Want::Range(offset, len))).await
     }
 
     async fn head(

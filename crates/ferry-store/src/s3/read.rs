@@ -2,11 +2,12 @@
 
 use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
+use aws_sdk_s3::primitives::{ByteStream, ByteStreamError};
+use bytes::{Bytes, BytesMut};
 
 use super::retry::Backoff;
 use super::{Inner, errors, size_of};
-use crate::cancel::check_range;
+use crate::cancel::{check_range, check_size};
 use crate::{ObjectKey, ObjectMeta, StoreError, StoreResult};
 
 impl Inner {
@@ -31,12 +32,12 @@ impl Inner {
         }
     }
 
-    /// Reads the whole object, or `len` bytes from `offset`.
-    pub(super) async fn get(
-        &self,
-        key: &ObjectKey,
-        range: Option<(u64, u64)>,
-    ) -> StoreResult<Bytes> {
+    /// Reads the whole object (capped or not), or a range of it.
+    pub(super) async fn get(&self, key: &ObjectKey, want: Want) -> StoreResult<Bytes> {
+        let range = match want {
+            Want::Range(offset, len) => Some((offset, len)),
+            Want::Whole | Want::AtMost(_) => None,
+        };
         let http_range = match range {
             None => None,
             Some((offset, len)) => match offset.checked_add(len) {
@@ -83,9 +84,29 @@ impl Inner {
                 ));
             }
             let total = out.content_range().and_then(total_size);
-            match out.body.collect().await {
-                Ok(body) => {
-                    let bytes = body.into_bytes();
+            let body = match want {
+                Want::AtMost(max) => {
+                    let announced = out.content_length().and_then(|n| u64::try_from(n).ok());
+                    if let Some(size) = announced {
+                        // Dropping the response unread: none of its body is downloaded.
+                        check_size(key, size, max)?;
+                    }
+                    let overrun = |seen| match announced {
+                        Some(size) => self.backend_error(
+                            format!("get {key}"),
+                            &format!("the body ran past its Content-Length of {size} bytes"),
+                        ),
+                        None => StoreError::TooLarge { key: key.clone(), size: seen, max },
+                    };
+                    read_capped(out.body, max, announced).await.map(|r| r.map_err(overrun))
+                }
+                Want::Whole | Want::Range(..) => {
+                    out.body.collect().await.map(|b| Ok(b.into_bytes()))
+                }
+            };
+            match body {
+                Ok(bytes) => {
+                    let bytes = bytes?;
                     return match range {
                         // S3 answers a range that runs past the end with the bytes it has.
                         Some((_, len)) if bytes.len() as u64 != len => {
@@ -140,13 +161,68 @@ impl Inner {
     }
 }
 
-/// The object size at the end of a `Content-Range` value (`bytes 0-9/1234`).
+/// What part of an object a `GetObject` asks for.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Want {
+    /// All of it.
+    Whole,
+    /// All of it, refused when larger than this many bytes.
+    AtMost(u64),
+    /// `len` bytes from `offset`.
+    Range(u64, u64),
+}
+
+/// Reads a response body, stopping as soon as more than `max` bytes, or more than
+/// `announced` (the `Content-Length`, already checked against `max`), have arrived; then the
+/// bytes seen so far (`Ok(Err(seen))`). `Err` when the body broke off.
+async fn read_capped(
+    mut body: ByteStream,
+    max: u64,
+    announced: Option<u64>,
+) -> Result<Result<Bytes, u64>, ByteStreamError> {
+    let mut capped = Capped::new(max, announced);
+    while let Some(chunk) = body.try_next().await? {
+        if !capped.push(&chunk) {
+            return Ok(Err(capped.seen));
+        }
+    }
+    Ok(Ok(capped.buf.freeze()))
+}
+
+/// Body bytes collected up to a limit: the cap, or the announced size when smaller.
+#[derive(Debug)]
+struct Capped {
+    buf: BytesMut,
+    seen: u64,
+    limit: u64,
+}
+
+impl Capped {
+    fn new(max: u64, announced: Option<u64>) -> Self {
+        let limit = announced.map_or(max, |size| size.min(max));
+        let capacity = usize::try_from(announced.map_or(0, |_| limit)).unwrap_or(0);
+        Self { buf: BytesMut::with_capacity(capacity), seen: 0, limit }
+    }
+
+    /// Keeps `chunk`, unless it takes the bytes seen past the limit: then `false`, and it is
+    /// not kept.
+    fn push(&mut self, chunk: &[u8]) -> bool {
+        self.seen = self.seen.saturating_add(chunk.len() as u64);
+        if self.seen > self.limit {
+            return false;
+        }
+        self.buf.extend_from_slice(chunk);
+        true
+    }
+}
+
 /// The first byte of `bytes START-END/TOTAL`.
 fn range_start(content_range: &str) -> Option<u64> {
     let (start, _) = content_range.strip_prefix("bytes ")?.split_once('-')?;
     start.parse().ok()
 }
 
+/// The object size at the end of a `Content-Range` value (`bytes 0-9/1234`).
 fn total_size(content_range: &str) -> Option<u64> {
     content_range.rsplit_once('/').and_then(|(_, total)| total.parse().ok())
 }
@@ -161,6 +237,36 @@ mod tests {
         assert_eq!(range_start("bytes 0-0/1"), Some(0));
         assert_eq!(range_start("bytes */77"), None);
         assert_eq!(range_start("10-99/100"), None);
+    }
+
+    #[test]
+    fn a_body_is_collected_up_to_the_cap_and_no_further() {
+        let mut capped = Capped::new(10, None);
+        assert!(capped.push(b"0123"));
+        assert!(capped.push(b""));
+        assert!(capped.push(b"456789"));
+        assert_eq!(&capped.buf[..], b"0123456789");
+        // Refused at the first byte past the cap, which is not kept.
+        assert!(!capped.push(b"a"));
+        assert_eq!((capped.seen, capped.buf.len()), (11, 10));
+        // Past an announced size smaller than the cap: refused there.
+        let mut announced = Capped::new(10, Some(3));
+        assert!(announced.buf.capacity() >= 3);
+        assert!(!announced.push(b"abcd"));
+        assert!(announced.buf.is_empty());
+        // Only an announced size preallocates, and never past the cap.
+        assert!(Capped::new(8, Some(u64::MAX)).buf.capacity() < 1024);
+        assert!(Capped::new(1 << 30, None).buf.capacity() < 1024);
+    }
+
+    #[tokio::test]
+    async fn a_streamed_body_stops_past_the_cap() {
+        let within = read_capped(ByteStream::from_static(b"abc"), 3, None).await;
+        assert_eq!(within.ok().and_then(Result::ok).as_deref(), Some(&b"abc"[..]));
+        let over = read_capped(ByteStream::from_static(b"abcd"), 3, None).await;
+        assert_eq!(over.ok().and_then(Result::err), Some(4));
+        let past_announced = read_capped(ByteStream::from_static(b"abcd"), 10, Some(2)).await;
+        assert_eq!(past_announced.ok().and_then(Result::err), Some(4));
     }
 
     #[test]

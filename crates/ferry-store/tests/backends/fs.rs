@@ -111,3 +111,24 @@ async fn created_objects_are_plain_files_at_their_key() {
     assert_eq!(std::fs::read(dir.path().join("data/ab/cd")).ok().as_deref(), Some(&b"payload"[..]));
     assert_eq!(temp_files(dir.path()), 0);
 }
+
+/// A 50 GB object (a sparse file, as a hostile or broken bucket could hold) is refused by its
+/// size before any of it is read.
+#[tokio::test]
+async fn a_huge_object_is_refused_by_its_size_before_reading() {
+    let (store, dir) = fixture().await;
+    std::fs::create_dir_all(dir.path().join("index")).unwrap_or_else(|e| panic!("{e}"));
+    let file =
+        std::fs::File::create(dir.path().join("index/huge")).unwrap_or_else(|e| panic!("{e}"));
+    let size = 50_000_000_000;
+    file.set_len(size).unwrap_or_else(|e| panic!("{e}"));
+    let k = key("index/huge");
+    let started = Instant::now();
+    match store.get_at_most(&k, 64 << 20, &CancellationToken::new()).await {
+        Err(StoreError::TooLarge { key: got, size: s, max }) => {
+            assert_eq!((got, s, max), (k, size, 64 << 20));
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+}

@@ -343,3 +343,37 @@ async fn a_conflict_on_completion_restarts_the_upload() {
     assert_eq!(store.get(&key("packs/big"), &live()).await.ok(), Some(data(12 << 20, 5)));
     assert_eq!(pending_uploads(&client, &bucket).await, 0, "the spent upload is aborted");
 }
+
+/// A capped read of an object far over the cap is refused by its `Content-Length`: the body
+/// is not downloaded (the relay passes on less than the cap, what the sockets buffer before
+/// the store drops the connection; a store that read up to the cap would pass more), while an
+/// uncapped read of it passes it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_over_the_cap_is_refused_without_downloading_it() {
+    let moto = MotoServer::shared();
+    let client = admin_client(&moto.endpoint());
+    let bucket = unique_bucket();
+    create_bucket(&client, &bucket).await;
+    let size = 64 << 20;
+    let put = client.put_object().bucket(&bucket).key("snapshots/huge").body(data(size, 8).into());
+    put.send().await.unwrap_or_else(|e| panic!("{}", aws_sdk_s3::error::DisplayErrorContext(e)));
+    let (relay, relayed) = relay::counting(moto.addr()).await;
+    let store = store_through(relay, &bucket).await;
+    let k = key("snapshots/huge");
+    let cap = 8 << 20;
+    let refused = store.get_at_most(&k, cap as u64, &live()).await;
+    match refused {
+        Err(StoreError::TooLarge { key: got, size: s, max }) => {
+            assert_eq!((got, s, max), (k.clone(), size as u64, cap as u64));
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    // Let whatever was in flight arrive before counting.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after_refusal = relayed.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(after_refusal < cap, "{after_refusal} of {size} bytes came through");
+    let whole = store.get(&k, &live()).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(whole.len(), size);
+    let after_whole = relayed.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(after_whole - after_refusal >= size, "the relay counts what it passes on");
+}

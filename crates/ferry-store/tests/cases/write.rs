@@ -159,6 +159,7 @@ pub async fn cancelled_token_stops_every_call(store: &impl Store) {
     cancelled("put", store.put_if_absent(&absent, data(1 << 20, 1), &cancel).await.map(drop));
     cancelled("big put", store.put_if_absent(&absent, data(7 << 20, 1), &cancel).await.map(drop));
     cancelled("get", store.get(&present, &cancel).await.map(drop));
+    cancelled("get_at_most", store.get_at_most(&present, 1, &cancel).await.map(drop));
     cancelled("get_range", store.get_range(&present, 0, 1, &cancel).await.map(drop));
     cancelled("head", store.head(&present, &cancel).await.map(drop));
     cancelled("list", store.list("", &cancel).await.map(drop));

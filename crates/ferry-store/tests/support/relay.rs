@@ -123,6 +123,33 @@ pub async fn condition_stripping(upstream: SocketAddr) -> SocketAddr {
     .await
 }
 
+/// Forwards everything; counts the bytes that came back from upstream and were passed on.
+/// A client that stops reading stops the count (the relay then waits to write, and reads
+/// nothing more from upstream).
+pub async fn counting(upstream: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) {
+    let relayed = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&relayed);
+    let addr = relay(upstream, move |client, server| {
+        let counter = Arc::clone(&counter);
+        async move {
+            let (mut client_rx, mut client_tx) = client.into_split();
+            let (mut server_rx, mut server_tx) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut client_rx, &mut server_tx).await;
+            });
+            let mut buf = vec![0u8; 64 << 10];
+            while let Ok(n) = server_rx.read(&mut buf).await {
+                if n == 0 || client_tx.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+                counter.fetch_add(n, Ordering::SeqCst);
+            }
+        }
+    })
+    .await;
+    (addr, relayed)
+}
+
 /// What S3 answers a conditional write that raced another one.
 const CONFLICT: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error>\
     <Code>ConditionalRequestConflict</Code><Message>A conflicting conditional operation is \
