@@ -219,6 +219,9 @@ pub struct RestoreOutcome {
     pub total_bytes: u64,
     /// As [`BackupOutcome::warnings`], on the DataDownload.
     pub warnings: Vec<String>,
+    /// What the restore withheld of the snapshot (device nodes, set-ID bits, privileged
+    /// xattrs) and how to ask for it: a Warning Event `RestoreWithheld` on the DataDownload.
+    pub withheld: Option<String>,
 }
 
 /// Moves data between an exposed volume and the repository.

@@ -18,6 +18,22 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
+/// Longest note the API server accepts on an Event, in bytes.
+pub const MAX_NOTE_LEN: usize = 1000;
+
+/// `note` cut to [`MAX_NOTE_LEN`] bytes (at a character boundary).
+#[must_use]
+pub fn note_within_limit(mut note: String) -> String {
+    if note.len() > MAX_NOTE_LEN {
+        let mut cut = MAX_NOTE_LEN;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+    }
+    note
+}
+
 /// Longest name of an object (a DNS subdomain), Events included.
 pub const MAX_NAME_LEN: usize = 253;
 

@@ -19,6 +19,12 @@ impl std::fmt::Debug for Events {
 
 /// The reporting controller's name on every Event.
 pub const REPORTING_CONTROLLER: &str = "ferry-agent";
+/// The reason of the Warning Event on a Completed CR for something found in its repository
+/// that the operator should act on.
+pub const REPOSITORY_WARNING: &str = "RepositoryWarning";
+/// The reason of the Warning Event on a Completed DataDownload that withheld parts of the
+/// snapshot (see `RestoreOutcome::withheld`).
+pub const RESTORE_WITHHELD: &str = "RestoreWithheld";
 
 impl Events {
     pub(crate) fn new(client: kube::Client, node: &str) -> Self {
@@ -54,20 +60,12 @@ impl Events {
         cr: &K,
         type_: EventType,
         reason: &str,
-        mut note: String,
+        note: String,
     ) {
-        // The API server rejects notes over 1 kB.
-        if note.len() > 1000 {
-            let mut cut = 1000;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-        }
         let event = Event {
             type_,
             reason: reason.to_owned(),
-            note: Some(note),
+            note: Some(crate::event_recorder::note_within_limit(note)),
             action: reason.to_owned(),
             secondary: None,
         };

@@ -14,6 +14,8 @@ use futures::future::BoxFuture;
 use kube::core::NamespaceResourceScope;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
+
+use crate::events::{REPOSITORY_WARNING, RESTORE_WITHHELD};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
@@ -163,8 +165,8 @@ pub(crate) trait MoverCr:
     fn record_outcome(&mut self, outcome: &Self::Outcome, volume: &ExposedVolume);
     /// A one-line summary of the outcome for the Completed event.
     fn describe_outcome(outcome: &Self::Outcome) -> String;
-    /// The outcome's warnings, each published as a Warning Event.
-    fn outcome_warnings(outcome: &Self::Outcome) -> &[String];
+    /// The outcome's warnings, each published as a Warning Event: `(reason, note)`.
+    fn outcome_warnings(outcome: &Self::Outcome) -> Vec<(&'static str, String)>;
 }
 
 macro_rules! shared_status {
@@ -254,8 +256,8 @@ impl MoverCr for DataUpload {
         s.progress = DataMoveOperationProgress { total_bytes: total, bytes_done: total };
     }
 
-    fn outcome_warnings(outcome: &BackupOutcome) -> &[String] {
-        &outcome.warnings
+    fn outcome_warnings(outcome: &BackupOutcome) -> Vec<(&'static str, String)> {
+        outcome.warnings.iter().map(|w| (REPOSITORY_WARNING, w.clone())).collect()
     }
 
     fn describe_outcome(outcome: &BackupOutcome) -> String {
@@ -295,8 +297,9 @@ impl MoverCr for DataDownload {
             DataMoveOperationProgress { total_bytes: total, bytes_done: total };
     }
 
-    fn outcome_warnings(outcome: &RestoreOutcome) -> &[String] {
-        &outcome.warnings
+    fn outcome_warnings(outcome: &RestoreOutcome) -> Vec<(&'static str, String)> {
+        let warnings = outcome.warnings.iter().map(|w| (REPOSITORY_WARNING, w.clone()));
+        warnings.chain(outcome.withheld.iter().map(|w| (RESTORE_WITHHELD, w.clone()))).collect()
     }
 
     fn describe_outcome(outcome: &RestoreOutcome) -> String {

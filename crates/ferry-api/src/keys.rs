@@ -44,3 +44,13 @@ pub const PARALLEL_FILES_UPLOAD: &str = "ParallelFilesUpload";
 pub const WRITE_SPARSE_FILES: &str = "WriteSparseFiles";
 /// `dataMoverConfig` key (DataDownload): how many files to download in parallel.
 pub const PARALLEL_FILES_DOWNLOAD: &str = "ParallelFilesDownload";
+
+/// Ferry's `dataMoverConfig` key (DataDownload): `"true"` recreates character and block
+/// device nodes, `"false"` withholds them, whatever the agent's default.
+pub const RESTORE_DEVICE_NODES: &str = "ferry.io/restore-device-nodes";
+/// Ferry's `dataMoverConfig` key (DataDownload): `"true"` keeps the set-user-ID bit of files
+/// owned by uid 0 and the set-group-ID bit of files owned by gid 0, `"false"` clears them.
+pub const RESTORE_ROOT_SETID_BITS: &str = "ferry.io/restore-root-setid-bits";
+/// Ferry's `dataMoverConfig` key (DataDownload): `"true"` sets `security.*` and `trusted.*`
+/// extended attributes (file capabilities, security labels), `"false"` skips them.
+pub const RESTORE_PRIVILEGED_XATTRS: &str = "ferry.io/restore-privileged-xattrs";

@@ -140,9 +140,13 @@ pub struct ObjectStorageLocation {
     /// The prefix inside the bucket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
-    /// A PEM CA bundle for the endpoint.
+    /// A PEM CA bundle for the endpoint (base64; deprecated by Velero for `caCertRef`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_cert: Option<String>,
+    /// A key of a Secret in the BSL's namespace holding the PEM CA bundle; wins over
+    /// `caCert`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert_ref: Option<CredentialRef>,
 }
 
 /// A key in a Secret (`corev1.SecretKeySelector`).

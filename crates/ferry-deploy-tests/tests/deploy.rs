@@ -128,6 +128,7 @@ agent:
   privileged: false
   kubeletRoot: /var/lib/k0s/kubelet/
   cache: {{enabled: true, sizeMiB: 256, volumeSizeLimit: 1Gi}}
+  restoreFidelity: full
   resources: {{requests: {{cpu: 250m, memory: 128Mi}}, limits: {{cpu: '1', memory: 1Gi}}}}
 nodeSelector: {{backup: 'yes'}}
 tolerations: [{{key: dedicated, operator: Equal, value: storage, effect: NoSchedule}}]
@@ -190,7 +191,9 @@ nodeAgentConfig: {{name: ferry-config, config: {{loadConcurrency: {{globalConfig
             "--cache-dir",
             "/var/cache/ferry",
             "--cache-size-mib",
-            "256"
+            "256",
+            "--restore-fidelity",
+            "full"
         ]
     );
     let cache = pod["volumes"]
@@ -388,7 +391,7 @@ const EXPECTED_ACCESS: &[(&str, &str, &str, &str, bool)] = &[
     ("get", "storage.k8s.io", "storageclasses", "", true),
     ("update", "storage.k8s.io", "storageclasses", "", false),
     ("get", "", "nodes", "", true),
-    ("list", "", "nodes", "", false),
+    ("list", "", "nodes", "", true),
     ("update", "", "nodes", "", false),
     ("get", "", "configmaps", "velero", true),
     ("list", "", "configmaps", "velero", true),

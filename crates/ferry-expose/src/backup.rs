@@ -231,6 +231,8 @@ impl Exposer<DataUpload> for CsiBackupExposer {
             owner: &owner,
         })?;
         create_or_get(&self.claims(), &claim, "creating the backup PVC").await?;
+        let tolerations =
+            crate::tolerations::for_holders(&self.client, &self.config.agent_tolerations).await?;
         let holder = objects::holder_pod(
             &self.config,
             &HolderSpec {
@@ -243,6 +245,7 @@ impl Exposer<DataUpload> for CsiBackupExposer {
                 labels: &labels,
                 owner: &owner,
                 avoid: &params.avoid_nodes,
+                tolerations: &tolerations,
                 // Velero picks the rule by the backup PVC's class.
                 storage_class: &storage_class,
             },

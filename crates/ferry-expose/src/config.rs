@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ferry_api::DEFAULT_VELERO_NAMESPACE;
-use ferry_api::k8s_openapi::api::core::v1::ResourceRequirements;
+use ferry_api::k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
 use ferry_api::k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use ferry_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use ferry_api::keys::{DATA_DOWNLOAD_LABEL, DATA_UPLOAD_LABEL};
@@ -57,6 +57,9 @@ pub struct ExposerConfig {
     pub pod_labels: BTreeMap<String, String>,
     /// Annotations added to the holding pods (`podAnnotations`).
     pub pod_annotations: BTreeMap<String, String>,
+    /// The agent's own tolerations (its DaemonSet's): the holding pods get them, except
+    /// toleration of cordoned nodes (see [`crate::holder_tolerations`]). Empty: none.
+    pub agent_tolerations: Vec<Toleration>,
 }
 
 /// Why the node-agent ConfigMap cannot configure the exposers.
@@ -120,6 +123,7 @@ impl ExposerConfig {
             },
             pod_labels: BTreeMap::new(),
             pod_annotations: BTreeMap::new(),
+            agent_tolerations: Vec::new(),
         }
     }
 

@@ -41,6 +41,7 @@ mod pod;
 mod quantity;
 mod resources;
 mod restore;
+mod tolerations;
 mod volume_wait;
 mod wait;
 
@@ -52,6 +53,9 @@ pub use placement::LoadAffinity;
 pub use quantity::QuantityError;
 pub use resources::{PodResourcesError, pod_resources};
 pub use restore::CsiRestoreExposer;
+pub use tolerations::{
+    UNSCHEDULABLE_TAINT, holder_tolerations, no_schedule_keys, tolerates_cordon,
+};
 pub use volume_wait::WAITING_FOR_VOLUME;
 
 /// Labels and annotations Ferry puts on the objects it creates.

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use ferry_agent::VolumeMode;
-use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Toleration};
 use ferry_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use ferry_api::{VolumeSnapshot, VolumeSnapshotContent};
 use serde_json::json;
@@ -151,6 +151,8 @@ pub(crate) struct HolderSpec<'a> {
     /// The storage class that picks the `loadAffinity` rule (empty: none); the rule is not
     /// used when the pod is pinned to `node`.
     pub storage_class: &'a str,
+    /// Its tolerations (see [`crate::holder_tolerations`]).
+    pub tolerations: &'a [Toleration],
 }
 
 /// The holding pods' termination grace period, in seconds (see [`holder_pod`]).
@@ -215,8 +217,10 @@ pub(crate) fn holder_pod(config: &ExposerConfig, h: &HolderSpec<'_>) -> Result<P
             "runAsGroup": HOLDER_UID,
             "seccompProfile": { "type": "RuntimeDefault" },
         },
-        "tolerations": [{ "operator": "Exists" }],
     });
+    if !h.tolerations.is_empty() {
+        spec["tolerations"] = json!(h.tolerations);
+    }
     // As Velero: a pod pinned to the node a WaitForFirstConsumer target selected ignores
     // the configured placement.
     let rule = if h.node.is_some() { None } else { config.load_affinity_for(h.storage_class) };
@@ -283,6 +287,7 @@ mod tests {
             owner: &owner,
             avoid,
             storage_class: class,
+            tolerations: &[],
         };
         serde_json::to_value(holder_pod(config, &spec).unwrap()).unwrap()
     }

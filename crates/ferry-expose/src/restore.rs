@@ -206,6 +206,8 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
             owner: &owner,
         })?;
         create_or_get(&self.claims(), &claim, "creating the restore PVC").await?;
+        let tolerations =
+            crate::tolerations::for_holders(&self.client, &self.config.agent_tolerations).await?;
         let holder = objects::holder_pod(
             &self.config,
             &HolderSpec {
@@ -218,6 +220,7 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
                 labels: &labels,
                 owner: &owner,
                 avoid: &params.avoid_nodes,
+                tolerations: &tolerations,
                 storage_class: class.as_deref().unwrap_or_default(),
             },
         )?;

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use base64::Engine as _;
 use ferry_api::BackupStorageLocation;
 use ferry_store::StaticCredentials;
 use kube::ResourceExt;
@@ -29,6 +30,12 @@ pub struct BslLocation {
     /// Whether the BSL names its credential (`spec.credential`): then a missing secret is an
     /// error, never a silent fall back to the node's own cloud identity.
     pub credential_named: bool,
+    /// `objectStorage.caCert`, decoded: PEM certificates trusted for the endpoint in addition
+    /// to the platform's roots.
+    pub ca_cert: Option<Vec<u8>>,
+    /// `objectStorage.caCertRef`: the Secret (in the BSL's namespace) and key holding the PEM
+    /// certificates; when set it is used instead of `caCert`, as in Velero.
+    pub ca_cert_ref: Option<(String, String)>,
 }
 
 /// Velero's default credentials secret and key.
@@ -37,8 +44,8 @@ const DEFAULT_CREDENTIAL: (&str, &str) = ("cloud-credentials", "cloud");
 /// Reads an S3 location out of a BSL.
 ///
 /// # Errors
-/// [`MoverError::Location`] for providers other than AWS S3 (and S3-compatible servers) or a
-/// BSL without a bucket.
+/// [`MoverError::Location`] for providers other than AWS S3 (and S3-compatible servers), a
+/// BSL without a bucket, or an `objectStorage.caCert` that is not base64.
 pub fn location_of(bsl: &BackupStorageLocation) -> Result<BslLocation, MoverError> {
     let name = bsl.name_any();
     let fail = |reason: String| Err(MoverError::Location { name: name.clone(), reason });
@@ -59,6 +66,12 @@ pub fn location_of(bsl: &BackupStorageLocation) -> Result<BslLocation, MoverErro
         || (DEFAULT_CREDENTIAL.0.to_owned(), DEFAULT_CREDENTIAL.1.to_owned()),
         |c| (c.name.clone().unwrap_or_default(), c.key.clone()),
     );
+    let ca_cert = match ca_cert(storage.ca_cert.as_deref()) {
+        Ok(pem) => pem,
+        Err(reason) => return fail(reason),
+    };
+    let ca_cert_ref =
+        storage.ca_cert_ref.as_ref().map(|r| (r.name.clone().unwrap_or_default(), r.key.clone()));
     Ok(BslLocation {
         bucket: storage.bucket.clone(),
         prefix: storage.prefix.clone().unwrap_or_default(),
@@ -68,7 +81,27 @@ pub fn location_of(bsl: &BackupStorageLocation) -> Result<BslLocation, MoverErro
         profile: get("profile").unwrap_or_else(|| "default".into()),
         credential,
         credential_named: bsl.spec.credential.is_some(),
+        ca_cert,
+        ca_cert_ref,
     })
+}
+
+/// The PEM bytes of a caCert as Velero's API holds it (a Go `[]byte`, base64 in JSON); an
+/// empty one is none. Line breaks are ignored, as Go's decoder does. Whether the PEM holds a
+/// usable certificate is checked where the store is built.
+fn ca_cert(encoded: Option<&str>) -> Result<Option<Vec<u8>>, String> {
+    let encoded: String =
+        encoded.unwrap_or_default().chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    if encoded.is_empty() {
+        return Ok(None);
+    }
+    let pem = base64::engine::general_purpose::STANDARD.decode(&encoded).map_err(|e| {
+        format!(
+            "objectStorage.caCert is not base64 ({e}): it holds the PEM certificates \
+             base64-encoded, as `base64 -w0 ca.pem` prints them"
+        )
+    })?;
+    Ok(Some(pem))
 }
 
 /// Reads an AWS shared credentials file (the format of Velero's `cloud-credentials`) and
@@ -133,6 +166,36 @@ mod tests {
             },
         }))
         .expect("bsl")
+    }
+
+    fn bsl_with_ca(ca_cert: &str) -> BackupStorageLocation {
+        let mut bsl = bsl("aws", &[("s3Url", "https://s3.example:9000")]);
+        bsl.spec.object_storage.ca_cert = Some(ca_cert.to_owned());
+        bsl
+    }
+
+    #[test]
+    fn ca_certs_are_decoded_from_base64() {
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let encoded = base64::engine::general_purpose::STANDARD.encode(pem);
+        let l = location_of(&bsl_with_ca(&encoded)).expect("base64");
+        assert_eq!(l.ca_cert.as_deref(), Some(pem.as_bytes()));
+        // Wrapped as `base64` prints it without -w0.
+        let (head, tail) = encoded.split_at(20);
+        let l = location_of(&bsl_with_ca(&format!("{head}\n{tail}\n"))).expect("wrapped");
+        assert_eq!(l.ca_cert.as_deref(), Some(pem.as_bytes()));
+        assert_eq!(location_of(&bsl_with_ca("")).expect("empty").ca_cert, None);
+        assert_eq!(location_of(&bsl("aws", &[])).expect("absent").ca_cert, None);
+    }
+
+    #[test]
+    fn a_ca_cert_that_is_not_base64_is_refused() {
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let err = location_of(&bsl_with_ca(pem)).expect_err("raw PEM");
+        assert!(matches!(err, MoverError::Location { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(message.contains("default"), "the BSL is not named: {message}");
+        assert!(message.contains("objectStorage.caCert is not base64"), "{message}");
     }
 
     #[test]

@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use ferry_api::k8s_openapi::api::core::v1::ConfigMap;
 use ferry_repo::RepoError;
-use ferry_repo::gc::{GcOptions, gc};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 use tokio_util::sync::CancellationToken;
 
+use crate::space::{LocationEvents, Uncollected, collect_now};
 use crate::{MoverError, RepositorySource};
 
 /// The label of the snapshot records Ferry's delete action writes.
@@ -33,6 +33,8 @@ pub struct DeletionRound {
     pub forgotten: usize,
     /// Records that could not be handled this round, with the reason.
     pub failed: Vec<(String, String)>,
+    /// Repositories whose space was not collected after a forget, and why.
+    pub uncollected: Vec<Uncollected>,
 }
 
 /// Handles every snapshot record of `data_mover` in `namespace` once. See the module docs.
@@ -69,12 +71,12 @@ pub async fn forget_recorded(
             .push((record.name_any(), get("snapshotID")));
     }
     for ((location, volume_ns), entries) in by_repo {
-        let (repo, described) = match repos.open(&location, &volume_ns, cancel).await {
+        let opened = match repos.open(&location, &volume_ns, cancel).await {
             Ok(found) => {
                 if let Some(warning) = &found.warning {
                     tracing::warn!(repository = %found.location, "{warning}");
                 }
-                (found.repo, found.location)
+                found
             }
             Err(e) => {
                 for (name, _) in entries {
@@ -83,6 +85,7 @@ pub async fn forget_recorded(
                 continue;
             }
         };
+        let (repo, described) = (&opened.repo, &opened.location);
         let mut done = Vec::new();
         for (name, snapshot) in entries {
             let result = match repo.find_snapshot(&snapshot, cancel).await {
@@ -102,10 +105,10 @@ pub async fn forget_recorded(
         if done.is_empty() {
             continue;
         }
-        let options = GcOptions { wait: Duration::ZERO, ..GcOptions::default() };
-        if let Err(e) = gc(&repo, &options, cancel).await {
-            // The snapshots are forgotten; space comes back at a later collection.
-            tracing::warn!(repository = %described, error = %e, "garbage collection after a backup deletion failed");
+        // The snapshots are forgotten; space not collected now comes back at a later
+        // collection (the caller logs why, and publishes a stop).
+        if let Err(u) = collect_now(&opened, &location, cancel).await {
+            round.uncollected.push(u);
         }
         for name in done {
             match maps.delete(&name, &DeleteParams::default()).await {
@@ -124,6 +127,7 @@ pub async fn keep_forgetting(
     namespace: String,
     data_mover: String,
     repos: std::sync::Arc<dyn RepositorySource>,
+    events: LocationEvents,
     interval: Duration,
     stop: CancellationToken,
 ) {
@@ -132,6 +136,9 @@ pub async fn keep_forgetting(
             Ok(round) => {
                 for (name, reason) in &round.failed {
                     tracing::warn!(record = %name, %reason, "snapshot of a deleted backup not forgotten yet; will retry");
+                }
+                for u in &round.uncollected {
+                    events.uncollected(u).await;
                 }
             }
             Err(e) => tracing::warn!(error = %e, "backup deletion round failed; will retry"),

@@ -25,6 +25,8 @@
 //!   this mover is held by a finalizer until Velero deleted its backup and the snapshot is forgotten.
 //! - [`deletion`]: the snapshots recorded by Ferry's plugin for deleted backups forgotten and
 //!   their space reclaimed.
+//! - [`space`]: garbage collection after deletions; a collection that stops (it cannot prove
+//!   a deletion safe) becomes a Warning Event on the BackupStorageLocation.
 
 mod bsl;
 pub mod deletion;
@@ -32,6 +34,7 @@ mod error;
 mod mover;
 mod secrets;
 mod source;
+pub mod space;
 pub mod upload_finalizer;
 
 pub use bsl::{BslLocation, aws_credentials, location_of};

@@ -8,12 +8,15 @@ use ferry_agent::{
     BackupOutcome, Breakdown, DataMover, ExposedVolume, ProgressSink, RestoreOutcome, VolumeMode,
     WorkError,
 };
-use ferry_api::keys::{BACKUP_NAME_LABEL, WRITE_SPARSE_FILES};
+use ferry_api::keys::{
+    BACKUP_NAME_LABEL, RESTORE_DEVICE_NODES, RESTORE_PRIVILEGED_XATTRS, RESTORE_ROOT_SETID_BITS,
+    WRITE_SPARSE_FILES,
+};
 use ferry_api::{DataDownload, DataUpload};
 use ferry_repo::{
-    BackupOptions, Place, Progress, ProgressFn, RepoError, Repository, RestoreOptions, SnapshotId,
-    SnapshotKind, VolumeBackupOptions, VolumeRestoreOptions, backup_tree_at, backup_volume_at,
-    restore_at, restore_volume_at,
+    BackupOptions, Fidelity, Place, Progress, ProgressFn, RepoError, Repository, RestoreOptions,
+    SnapshotId, SnapshotKind, VolumeBackupOptions, VolumeRestoreOptions, Withheld, backup_tree_at,
+    backup_volume_at, restore_at, restore_volume_at,
 };
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
@@ -24,9 +27,16 @@ use crate::{MoverError, RepositorySource};
 pub const DATA_UPLOAD_TAG: &str = "ferry.io/data-upload";
 
 /// Moves data between exposed volumes and repositories from a [`RepositorySource`].
+///
+/// File-system restores recreate device nodes, set-ID bits of root's files and `security.*` /
+/// `trusted.*` xattrs only as the agent's default [`Fidelity`] (confined unless set with
+/// [`RepoMover::with_fidelity`]) and the DataDownload's `dataMoverConfig` keys
+/// ([`RESTORE_DEVICE_NODES`], [`RESTORE_ROOT_SETID_BITS`], [`RESTORE_PRIVILEGED_XATTRS`])
+/// allow; what was withheld is reported on the DataDownload.
 #[derive(Clone)]
 pub struct RepoMover {
     repos: Arc<dyn RepositorySource>,
+    fidelity: Fidelity,
 }
 
 impl std::fmt::Debug for RepoMover {
@@ -39,8 +49,66 @@ impl RepoMover {
     /// A mover using `repos`.
     #[must_use]
     pub fn new(repos: Arc<dyn RepositorySource>) -> Self {
-        Self { repos }
+        Self { repos, fidelity: Fidelity::CONFINED }
     }
+
+    /// Restores with `fidelity` where the DataDownload does not say otherwise.
+    #[must_use]
+    pub fn with_fidelity(mut self, fidelity: Fidelity) -> Self {
+        self.fidelity = fidelity;
+        self
+    }
+}
+
+/// The fidelity of the restore of `dd`: the agent's `default`, changed by the DataDownload's
+/// `dataMoverConfig` keys set to `true` or `false`.
+///
+/// # Errors
+/// A key set to anything else (a typo must not silently withhold or grant).
+pub fn restore_fidelity(dd: &DataDownload, default: Fidelity) -> Result<Fidelity, String> {
+    let config = dd.spec.data_mover_config.clone().unwrap_or_default();
+    let read = |key: &str, default: bool| match config.get(key).map(|v| v.trim()) {
+        None => Ok(default),
+        Some(v) if v.eq_ignore_ascii_case("true") => Ok(true),
+        Some(v) if v.eq_ignore_ascii_case("false") => Ok(false),
+        Some(v) => Err(format!("dataMoverConfig {key} is {v:?}: use \"true\" or \"false\"")),
+    };
+    Ok(Fidelity {
+        device_nodes: read(RESTORE_DEVICE_NODES, default.device_nodes)?,
+        root_setid_bits: read(RESTORE_ROOT_SETID_BITS, default.root_setid_bits)?,
+        privileged_xattrs: read(RESTORE_PRIVILEGED_XATTRS, default.privileged_xattrs)?,
+    })
+}
+
+/// What the user reads when a restore withheld parts of the snapshot.
+fn withheld_note(w: &Withheld) -> Option<String> {
+    if !w.any() {
+        return None;
+    }
+    let mut parts = Vec::new();
+    if w.device_nodes > 0 {
+        parts.push(format!(
+            "{} device nodes (dataMoverConfig {RESTORE_DEVICE_NODES})",
+            w.device_nodes
+        ));
+    }
+    if w.setid_files > 0 {
+        parts.push(format!(
+            "the set-ID bits of {} files of root (dataMoverConfig {RESTORE_ROOT_SETID_BITS})",
+            w.setid_files
+        ));
+    }
+    if w.xattrs > 0 {
+        parts.push(format!(
+            "{} security.*/trusted.* extended attributes (dataMoverConfig {RESTORE_PRIVILEGED_XATTRS})",
+            w.xattrs
+        ));
+    }
+    Some(format!(
+        "the restore withheld {}: they grant privileges in the volume. Set the key to \"true\" \
+         on the DataDownload, or start the agents with --restore-fidelity full, to restore them",
+        parts.join(", ")
+    ))
 }
 
 impl RepoMover {
@@ -186,6 +254,8 @@ impl DataMover for RepoMover {
         progress: ProgressSink,
         cancel: CancellationToken,
     ) -> Result<RestoreOutcome, WorkError> {
+        // Read first: a mistyped key fails the DataDownload before anything is written.
+        let fidelity = restore_fidelity(dd, self.fidelity).map_err(WorkError::failed)?;
         let (repo, location, warnings) =
             self.open(&dd.spec.backup_storage_location, &dd.spec.source_namespace, &cancel).await?;
         let id = repo
@@ -202,13 +272,15 @@ impl DataMover for RepoMover {
             .and_then(|c| c.get(WRITE_SPARSE_FILES))
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let report = Some(reporter(progress.clone()));
+        let mut withheld = None;
         let written = match volume.mode {
             VolumeMode::Filesystem => {
-                let options = RestoreOptions { sparse, ..RestoreOptions::default() };
-                restore_at(&repo, &id, place(volume)?, &options, report, &cancel)
+                let options = RestoreOptions { sparse, fidelity, ..RestoreOptions::default() };
+                let summary = restore_at(&repo, &id, place(volume)?, &options, report, &cancel)
                     .await
-                    .map_err(|e| work_error("restoring the volume", &location, e))?
-                    .bytes
+                    .map_err(|e| work_error("restoring the volume", &location, e))?;
+                withheld = withheld_note(&summary.withheld);
+                summary.bytes
             }
             VolumeMode::Block => {
                 // A freshly provisioned volume is not known to read as zeros: write them.
@@ -221,7 +293,7 @@ impl DataMover for RepoMover {
         };
         progress.set_total(written);
         progress.set_done(written);
-        Ok(RestoreOutcome { total_bytes: written, warnings })
+        Ok(RestoreOutcome { total_bytes: written, warnings, withheld })
     }
 }
 
@@ -362,5 +434,74 @@ mod tests {
         let refused = mover.restore(&download(&snapshot), &volume, progress, cancel).await;
         let message = refused.unwrap_err().to_string();
         assert!(message.contains("was not opened"), "{message}");
+    }
+
+    /// A tenant's snapshot holding a device node and a set-user-ID file of root (made as root
+    /// on the real file system) is restored by the agent without them unless the DataDownload
+    /// asks; the Completed warning says what and how. (xattrs: `ferry-repo`'s restore tests.)
+    #[tokio::test]
+    async fn an_agent_restore_withholds_privileges_unless_the_download_asks() {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        assert!(nix::unistd::geteuid().is_root(), "needs root: mknod, files of root");
+        let cancel = CancellationToken::new();
+        let mover = memory_mover(&cancel).await;
+        let src = tempfile::tempdir().unwrap();
+        let null = src.path().join("null");
+        let dev = nix::sys::stat::makedev(1, 3);
+        nix::sys::stat::mknod(
+            &null,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            dev,
+        )
+        .unwrap();
+        let suid = src.path().join("suid");
+        std::fs::write(&suid, b"#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        let progress = ferry_agent::ProgressSink::new();
+        let snapshot = mover
+            .backup(&upload("du-priv"), &opened(src.path()), progress, cancel.clone())
+            .await
+            .unwrap()
+            .snapshot_id;
+
+        let confined = tempfile::tempdir().unwrap();
+        let progress = ferry_agent::ProgressSink::new();
+        let outcome = mover
+            .restore(&download(&snapshot), &opened(confined.path()), progress, cancel.clone())
+            .await
+            .unwrap();
+        let note = outcome.withheld.expect("a withheld note");
+        for part in ["1 device nodes", "1 files of root", "--restore-fidelity full"] {
+            assert!(note.contains(part), "{part:?} not in: {note}");
+        }
+        assert!(!confined.path().join("null").exists());
+        let mode = std::fs::metadata(confined.path().join("suid")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o755);
+
+        let full = tempfile::tempdir().unwrap();
+        let mut asked = download(&snapshot);
+        asked.spec.data_mover_config = Some(
+            [RESTORE_DEVICE_NODES, RESTORE_ROOT_SETID_BITS, RESTORE_PRIVILEGED_XATTRS]
+                .map(|k| (k.to_owned(), "true".to_owned()))
+                .into(),
+        );
+        let progress = ferry_agent::ProgressSink::new();
+        let outcome =
+            mover.restore(&asked, &opened(full.path()), progress, cancel.clone()).await.unwrap();
+        assert_eq!(outcome.withheld, None);
+        let restored = std::fs::symlink_metadata(full.path().join("null")).unwrap();
+        assert!(restored.file_type().is_char_device());
+        let mode = std::fs::metadata(full.path().join("suid")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o4755);
+
+        let mut typo = download(&snapshot);
+        typo.spec.data_mover_config =
+            Some([(RESTORE_DEVICE_NODES.to_owned(), "yes".to_owned())].into());
+        let progress = ferry_agent::ProgressSink::new();
+        let target = tempfile::tempdir().unwrap();
+        let err = mover.restore(&typo, &opened(target.path()), progress, cancel).await.unwrap_err();
+        assert!(err.to_string().contains("use \"true\" or \"false\""), "{err}");
+        assert_eq!(std::fs::read_dir(target.path()).unwrap().count(), 0, "nothing written");
     }
 }

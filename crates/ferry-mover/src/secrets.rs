@@ -42,13 +42,24 @@ impl Secrets<'_> {
 
     /// The value of `key` in secret `name`; `None` when the secret does not exist.
     pub(crate) async fn value(&self, name: &str, key: &str) -> Result<Option<Vec<u8>>, MoverError> {
+        Ok(self.versioned_value(name, key).await?.map(|(value, _)| value))
+    }
+
+    /// The value of `key` in secret `name` and the secret's `resourceVersion` (which changes
+    /// whenever the secret does); `None` when the secret does not exist.
+    pub(crate) async fn versioned_value(
+        &self,
+        name: &str,
+        key: &str,
+    ) -> Result<Option<(Vec<u8>, String)>, MoverError> {
         let secret = self.api().get_opt(name).await.map_err(|e| MoverError::Api {
             step: "reading a secret",
             source: Box::new(ferry_kube::ApiError::from_kube("Secret", name, e)),
         })?;
         let Some(secret) = secret else { return Ok(None) };
+        let version = secret.metadata.resource_version.clone().unwrap_or_default();
         match secret.data.and_then(|d| d.get(key).cloned()).map(|b| b.0) {
-            Some(v) if !v.is_empty() => Ok(Some(v)),
+            Some(v) if !v.is_empty() => Ok(Some((v, version))),
             Some(_) => Err(self.missing_key(name, key, "the password is empty")),
             None => Err(self.missing_key(name, key, "the secret has no such key")),
         }

@@ -2,17 +2,21 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use ferry_api::BackupStorageLocation;
-use ferry_repo::{CacheOptions, InitOptions, RepoError, Repository, VELERO_DEFAULT_PASSWORD};
+use ferry_repo::{
+    CacheOptions, InitOptions, KeyId, RepoError, Repository, VELERO_DEFAULT_PASSWORD,
+};
 use ferry_store::{ObjectKey, ObjectStore, S3Config, S3Options, S3Store};
+use kube::ResourceExt;
 use kube::api::Api;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::secrets::{PASSWORD_SECRET, Secrets, VELERO_PASSWORD_SECRET};
-use crate::{MoverError, aws_credentials, location_of};
+use crate::{BslLocation, MoverError, aws_credentials, location_of};
 
 /// The folder under a BSL's prefix that holds Ferry's repositories, one per namespace. Velero
 /// accepts `plugins/` beside its own folders and never writes or collects in it.
@@ -103,14 +107,49 @@ impl RepositorySource for FixedRepository {
     }
 }
 
+/// How long an opened repository stays open unused: then it is closed (its index and caches
+/// freed) and the next CR of its namespace opens it again.
+pub const IDLE_CLOSE: Duration = Duration::from_secs(10 * 60);
+
 /// Repositories per BackupStorageLocation and namespace, as Velero keeps them. See the crate
-/// docs. Opened repositories are kept for reuse.
+/// docs.
+///
+/// Opened repositories are kept for reuse until [`IDLE_CLOSE`] unused, or until their BSL or
+/// its credential secret changes (seen by `resourceVersion` at every open: a new endpoint or
+/// rotated S3 keys are picked up without a restart). Each repository is opened under its own
+/// lock: a slow or hostile one (network, key derivation) delays only CRs of that repository.
 pub struct BslRepositories {
     client: kube::Client,
     namespace: String,
     init: InitOptions,
     cache: Option<CacheOptions>,
-    open: Mutex<HashMap<(String, String), (Repository, String)>>,
+    idle_close: Duration,
+    open: std::sync::Mutex<HashMap<(String, String), Slot>>,
+    /// The key that last opened each repository (kept when it is closed): tried first, so
+    /// opening again costs one key derivation however many keys the repository has.
+    hints: std::sync::Mutex<HashMap<String, KeyId>>,
+}
+
+/// One repository's place in [`BslRepositories`]: empty until opened, and again once closed.
+type Slot = Arc<Mutex<Option<Kept>>>;
+
+/// An open repository kept for reuse.
+struct Kept {
+    repo: Repository,
+    described: String,
+    /// The BSL and credential versions it was opened with.
+    versions: String,
+    used: Instant,
+}
+
+/// A BSL read as an S3 location.
+struct Site {
+    bucket: String,
+    prefix: String,
+    options: S3Options,
+    /// The `resourceVersion`s of the BSL and its credential secret: when they change, open
+    /// repositories are opened again with what changed.
+    versions: String,
 }
 
 impl std::fmt::Debug for BslRepositories {
@@ -133,7 +172,58 @@ impl BslRepositories {
     #[must_use]
     pub fn new(client: kube::Client, namespace: impl Into<String>, init: InitOptions) -> Self {
         let init = InitOptions { refuse_weak_password: true, ..init };
-        Self { client, namespace: namespace.into(), init, cache: None, open: Mutex::default() }
+        Self {
+            client,
+            namespace: namespace.into(),
+            init,
+            cache: None,
+            idle_close: IDLE_CLOSE,
+            open: std::sync::Mutex::default(),
+            hints: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Closes repositories unused for `idle` instead of [`IDLE_CLOSE`].
+    #[must_use]
+    pub fn with_idle_close(mut self, idle: Duration) -> Self {
+        self.idle_close = idle;
+        self
+    }
+
+    /// How many repositories are open now.
+    #[must_use]
+    pub fn open_count(&self) -> usize {
+        self.slots()
+            .values()
+            .filter(|slot| slot.try_lock().is_ok_and(|kept| kept.is_some()))
+            .count()
+    }
+
+    fn hints(&self) -> std::sync::MutexGuard<'_, HashMap<String, KeyId>> {
+        self.hints.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Slot>> {
+        // Poisoned only by a panic while inserting a slot: the map itself stays whole.
+        self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The slot of one repository (made empty on first use).
+    fn slot(&self, key: &(String, String)) -> Slot {
+        Arc::clone(self.slots().entry(key.clone()).or_default())
+    }
+
+    /// Closes every repository unused for the idle time (none that is being opened or used
+    /// right now: their slots are locked).
+    fn close_idle(&self) {
+        for slot in self.slots().values() {
+            if let Ok(mut kept) = slot.try_lock()
+                && kept.as_ref().is_some_and(|k| k.used.elapsed() >= self.idle_close)
+                && let Some(closed) = kept.take()
+            {
+                tracing::info!(repository = %closed.described, "closed an idle repository");
+            }
+        }
     }
 
     /// Gives every repository opened a local cache in `cache` (see [`CacheOptions`]).
@@ -148,7 +238,7 @@ impl BslRepositories {
     }
 
     /// The BSL `location`: its bucket, prefix and S3 options (credentials from its secret).
-    async fn location(&self, location: &str) -> Result<(String, String, S3Options), MoverError> {
+    async fn location(&self, location: &str) -> Result<Site, MoverError> {
         let bsls: Api<BackupStorageLocation> =
             Api::namespaced(self.client.clone(), &self.namespace);
         let bsl = bsls
@@ -168,7 +258,14 @@ impl BslRepositories {
             })?;
         let loc = location_of(&bsl)?;
         let (secret, key) = &loc.credential;
-        let credentials = match self.secrets().value(secret, key).await? {
+        let found = self.secrets().versioned_value(secret, key).await?;
+        let (ca_bundle, ca_version) = self.ca_bundle(location, &loc).await?;
+        let versions = format!(
+            "{}/{}/{ca_version}",
+            bsl.resource_version().unwrap_or_default(),
+            found.as_ref().map_or("", |(_, version)| version.as_str())
+        );
+        let credentials = match found.map(|(text, _)| text) {
             Some(text) => {
                 Some(aws_credentials(&String::from_utf8_lossy(&text), &loc.profile).map_err(
                     |reason| MoverError::Secret {
@@ -200,20 +297,46 @@ impl BslRepositories {
             region: loc.region,
             force_path_style: loc.force_path_style || loc.endpoint.is_some(),
             credentials,
+            ca_bundle,
             ..S3Options::default()
         };
-        Ok((loc.bucket, loc.prefix, options))
+        Ok(Site { bucket: loc.bucket, prefix: loc.prefix, options, versions })
+    }
+
+    /// The CA bundle of `loc` (its `caCertRef` secret, else its `caCert`) and the secret's
+    /// `resourceVersion` (empty without one).
+    async fn ca_bundle(
+        &self,
+        location: &str,
+        loc: &BslLocation,
+    ) -> Result<(Option<Vec<u8>>, String), MoverError> {
+        let Some((name, key)) = &loc.ca_cert_ref else {
+            return Ok((loc.ca_cert.clone(), String::new()));
+        };
+        match self.secrets().versioned_value(name, key).await? {
+            Some((pem, version)) => Ok((Some(pem), version)),
+            None => Err(MoverError::Secret {
+                namespace: self.namespace.clone(),
+                name: name.clone(),
+                key: key.clone(),
+                reason: format!(
+                    "the secret does not exist, and BackupStorageLocation {location} names it \
+                     in objectStorage.caCertRef: create it with the endpoint's PEM CA \
+                     certificates"
+                ),
+            }),
+        }
     }
 
     /// The repository's store and the one where earlier versions kept it.
     async fn stores_for(
         &self,
-        location: &str,
+        site: &Site,
         namespace: &str,
     ) -> Result<(Located, Located), MoverError> {
-        let (bucket, prefix, options) = self.location(location).await?;
-        let new = located(&bucket, repository_prefix(&prefix, namespace), &options).await?;
-        let old = located(&bucket, old_repository_prefix(&prefix, namespace), &options).await?;
+        let Site { bucket, prefix, options, .. } = site;
+        let new = located(bucket, repository_prefix(prefix, namespace), options).await?;
+        let old = located(bucket, old_repository_prefix(prefix, namespace), options).await?;
         Ok((new, old))
     }
 
@@ -230,8 +353,21 @@ impl BslRepositories {
             location: at.described.clone(),
             source: Box::new(source),
         };
-        match Repository::init(Arc::clone(&at.store), &own, &self.init, cancel).await {
-            Ok((repo, _)) => return Ok((repo, None)),
+        let hint = self.hints().get(&at.described).copied();
+        let opened =
+            match Repository::open_with_hint(Arc::clone(&at.store), &own, hint, cancel).await {
+                Err(RepoError::NotFound { .. }) => {
+                    Repository::init(Arc::clone(&at.store), &own, &self.init, cancel)
+                        .await
+                        .map(|(repo, _)| repo)
+                }
+                other => other,
+            };
+        match opened {
+            Ok(repo) => {
+                self.hints().insert(at.described.clone(), repo.key_id());
+                return Ok((repo, None));
+            }
             Err(RepoError::WrongPassword { .. }) => {}
             Err(e) => return Err(repo_error("opening or creating the repository", e)),
         }
@@ -260,9 +396,10 @@ impl BslRepositories {
             .add_password(&own, self.init.kdf, cancel)
             .await
             .map_err(|e| repo_error("adding a key for Ferry's password", e))?;
-        let repo = Repository::open(Arc::clone(&at.store), &own, cancel)
+        let repo = Repository::open_with_hint(Arc::clone(&at.store), &own, Some(added), cancel)
             .await
             .map_err(|e| repo_error("opening the repository with the key just added", e))?;
+        self.hints().insert(at.described.clone(), repo.key_id());
         let which = if velero == VELERO_DEFAULT_PASSWORD {
             "Velero's published default password (anyone who can read the bucket can decrypt \
              it while that key remains)"
@@ -313,16 +450,24 @@ impl RepositorySource for BslRepositories {
         namespace: &str,
         cancel: &CancellationToken,
     ) -> Result<OpenedRepository, MoverError> {
-        let key = (location.to_owned(), namespace.to_owned());
-        let mut open = self.open.lock().await;
-        if let Some((repo, location)) = open.get(&key) {
+        self.close_idle();
+        // Read at every open (two GETs), so a changed BSL or credential is seen at once.
+        let site = self.location(location).await?;
+        let slot = self.slot(&(location.to_owned(), namespace.to_owned()));
+        // Only CRs of this repository wait here while it is opened.
+        let mut kept = slot.lock().await;
+        if let Some(k) = kept.as_mut().filter(|k| k.versions == site.versions) {
+            k.used = Instant::now();
             return Ok(OpenedRepository {
-                repo: repo.clone(),
-                location: location.clone(),
+                repo: k.repo.clone(),
+                location: k.described.clone(),
                 warning: None,
             });
         }
-        let (new, old) = self.stores_for(location, namespace).await?;
+        if let Some(stale) = kept.take() {
+            tracing::info!(repository = %stale.described, location, "the BackupStorageLocation or its credential changed: opening the repository again");
+        }
+        let (new, old) = self.stores_for(&site, namespace).await?;
         // A repository left where earlier versions kept it is not replaced by a new empty
         // one (its snapshots would be "not found"): it must be moved first.
         if !holds_repository(&new, cancel).await? && holds_repository(&old, cancel).await? {
@@ -332,7 +477,12 @@ impl RepositorySource for BslRepositories {
         if let Some(cache) = &self.cache {
             repo.set_cache(cache);
         }
-        open.insert(key, (repo.clone(), new.described.clone()));
+        *kept = Some(Kept {
+            repo: repo.clone(),
+            described: new.described.clone(),
+            versions: site.versions,
+            used: Instant::now(),
+        });
         Ok(OpenedRepository { repo, location: new.described, warning })
     }
 }
@@ -345,8 +495,9 @@ impl crate::upload_finalizer::BackupMetadata for BslRepositories {
         backup: &str,
         cancel: &CancellationToken,
     ) -> Result<bool, MoverError> {
-        let (bucket, prefix, options) = self.location(location).await?;
-        let root = located(&bucket, prefix.trim_matches('/').to_owned(), &options).await?;
+        let site = self.location(location).await?;
+        let root =
+            located(&site.bucket, site.prefix.trim_matches('/').to_owned(), &site.options).await?;
         // Velero's layout: `<prefix>/backups/<name>/velero-backup.json`.
         let key = ObjectKey::new(format!("backups/{backup}/velero-backup.json"))
             .map_err(|e| MoverError::Location { name: location.into(), reason: e.to_string() })?;

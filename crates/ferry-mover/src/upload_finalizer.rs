@@ -39,11 +39,11 @@ use ferry_api::keys::BACKUP_NAME_LABEL;
 use ferry_api::{DataUpload, DataUploadPhase};
 use ferry_kube::ApiError;
 use ferry_repo::RepoError;
-use ferry_repo::gc::{GcOptions, gc};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
+use crate::space::{LocationEvents, Uncollected, collect_now};
 use crate::{MoverError, RepositorySource};
 
 /// The finalizer Ferry's agents put on the Completed DataUploads of their mover.
@@ -261,47 +261,67 @@ async fn forget(
 /// Collects the garbage of each repository in `pending` (where this agent forgot snapshots)
 /// and removes those collected. A collection can only be relied on if it started after the
 /// forget, so a repository stays pending while another collector holds its lock, a backup
-/// is still running in it, or it cannot be reached: the next round tries again.
+/// is still running in it, or it cannot be reached: the next round tries again. Returns the
+/// repositories not collected and why.
 pub async fn collect(
     pending: &mut BTreeSet<(String, String)>,
     repos: &dyn RepositorySource,
     cancel: &CancellationToken,
-) {
-    let options = GcOptions { wait: Duration::ZERO, ..GcOptions::default() };
+) -> Vec<Uncollected> {
     let mut done = Vec::new();
+    let mut uncollected = Vec::new();
     for (location, namespace) in pending.iter() {
         let result = match repos.open(location, namespace, cancel).await {
-            Ok(opened) => match gc(&opened.repo, &options, cancel).await {
-                Ok(_) => Ok(opened.location),
-                Err(e) => Err(format!("{}: {e}", opened.location)),
-            },
-            Err(e) => Err(e.to_string()),
+            Ok(opened) => collect_now(&opened, location, cancel).await.map(|_| opened.location),
+            Err(e) => Err(Uncollected {
+                location: location.clone(),
+                repository: format!("{location}/{namespace}"),
+                reason: e.to_string(),
+                stopped: false,
+            }),
         };
         match result {
             Ok(described) => {
                 tracing::info!(repository = %described, "collected the space of deleted backups");
                 done.push((location.clone(), namespace.clone()));
             }
-            Err(reason) => {
-                tracing::info!(%reason, "space of deleted backups not collected yet; will retry")
-            }
+            Err(u) => uncollected.push(u),
         }
     }
     for key in done {
         pending.remove(&key);
     }
+    uncollected
+}
+
+/// What [`keep_reclaiming`] works with.
+pub struct Reclaimer {
+    /// The API client.
+    pub client: Client,
+    /// Velero's namespace.
+    pub namespace: String,
+    /// The `spec.datamover` handled.
+    pub data_mover: String,
+    /// Where the DataUploads' repositories are.
+    pub repos: std::sync::Arc<dyn RepositorySource>,
+    /// Where Velero's backup files are.
+    pub metadata: std::sync::Arc<dyn BackupMetadata>,
+    /// Where collections that stop are reported.
+    pub events: LocationEvents,
+}
+
+impl std::fmt::Debug for Reclaimer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reclaimer")
+            .field("namespace", &self.namespace)
+            .field("data_mover", &self.data_mover)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Runs [`reclaim_round`] every `interval` until `stop` fires.
-pub async fn keep_reclaiming(
-    client: Client,
-    namespace: String,
-    data_mover: String,
-    repos: std::sync::Arc<dyn RepositorySource>,
-    metadata: std::sync::Arc<dyn BackupMetadata>,
-    interval: Duration,
-    stop: CancellationToken,
-) {
+pub async fn keep_reclaiming(r: Reclaimer, interval: Duration, stop: CancellationToken) {
+    let Reclaimer { client, namespace, data_mover, repos, metadata, events } = r;
     let mut pending = BTreeSet::new();
     loop {
         match reclaim_round(&client, &namespace, &data_mover, &*repos, &*metadata, &stop).await {
@@ -314,7 +334,9 @@ pub async fn keep_reclaiming(
             Err(e) => tracing::warn!(error = %e, "backup deletion round failed; will retry"),
         }
         if !pending.is_empty() {
-            collect(&mut pending, &*repos, &stop).await;
+            for u in collect(&mut pending, &*repos, &stop).await {
+                events.uncollected(&u).await;
+            }
         }
         tokio::select! {
             () = stop.cancelled() => return,

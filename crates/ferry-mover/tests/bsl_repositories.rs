@@ -1,117 +1,21 @@
 //! `BslRepositories` against a real API server and moto: where repositories go, what happens
-//! to one left where earlier versions kept it, and which password keys them.
+//! to one left where earlier versions kept it, which password keys them, and the CA that
+//! signs a TLS endpoint.
+
+mod common;
 
 use std::sync::Arc;
 
+use common::{BSL, SOURCE_NS, World, fast};
 use ferry_api::k8s_openapi::api::core::v1::Secret;
-use ferry_mover::{
-    BslRepositories, MoverError, PASSWORD_KEY, PASSWORD_SECRET, RepositorySource,
-    VELERO_PASSWORD_SECRET,
-};
-use ferry_repo::{InitOptions, KdfParams, RepoError, Repository};
-use ferry_store::{ObjectStore, S3Config, S3Options, S3Store, StaticCredentials};
-use ferry_testbed::{ControlPlane, S3Server};
+use ferry_mover::{MoverError, PASSWORD_SECRET, RepositorySource, VELERO_PASSWORD_SECRET};
+use ferry_repo::{RepoError, Repository};
+use ferry_testbed::S3Server;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-const PREFIX: &str = "velero";
-const BSL: &str = "default";
-const SOURCE_NS: &str = "app";
 const VELERO_DEFAULT: &[u8] = b"static-passw0rd";
-
-fn fast() -> InitOptions {
-    InitOptions { kdf: KdfParams::insecure_for_tests(), ..InitOptions::default() }
-}
-
-/// A namespace playing Velero's, with a BSL `default` over a fresh moto bucket.
-struct World {
-    client: kube::Client,
-    namespace: String,
-    bucket: String,
-}
-
-impl World {
-    async fn new(name: &str) -> Self {
-        ferry_testbed::install_crypto_provider();
-        let cp = ControlPlane::shared();
-        let client = cp.client().expect("client");
-        let namespace = cp.unique_namespace(name).await.expect("namespace");
-        let bucket = namespace.clone();
-        let s3 = S3Server::shared();
-        s3.create_bucket(&bucket).expect("bucket");
-        let secret: Secret = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": { "name": "cloud-credentials", "namespace": namespace },
-            "stringData": {
-                "cloud": "[default]\naws_access_key_id = t\naws_secret_access_key = s\n",
-            },
-        }))
-        .expect("secret");
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-        secrets.create(&PostParams::default(), &secret).await.expect("create secret");
-        let bsl: ferry_api::BackupStorageLocation = serde_json::from_value(json!({
-            "apiVersion": "velero.io/v1", "kind": "BackupStorageLocation",
-            "metadata": { "name": BSL, "namespace": namespace },
-            "spec": {
-                "provider": "aws",
-                "objectStorage": { "bucket": bucket, "prefix": PREFIX },
-                "config": { "region": "us-east-1", "s3Url": s3.endpoint() },
-            },
-        }))
-        .expect("bsl");
-        let bsls: Api<ferry_api::BackupStorageLocation> =
-            Api::namespaced(client.clone(), &namespace);
-        bsls.create(&PostParams::default(), &bsl).await.expect("create bsl");
-        Self { client, namespace, bucket }
-    }
-
-    fn source(&self) -> BslRepositories {
-        BslRepositories::new(self.client.clone(), &self.namespace, fast())
-    }
-
-    async fn store(&self, prefix: &str) -> Arc<dyn ObjectStore> {
-        let config = S3Config {
-            bucket: self.bucket.clone(),
-            prefix: prefix.into(),
-            options: S3Options {
-                endpoint: Some(S3Server::shared().endpoint().into()),
-                region: Some("us-east-1".into()),
-                force_path_style: true,
-                credentials: Some(StaticCredentials {
-                    access_key_id: "t".into(),
-                    secret_access_key: "s".into(),
-                    session_token: None,
-                }),
-                ..S3Options::default()
-            },
-        };
-        Arc::new(S3Store::new(config).await.expect("store"))
-    }
-
-    async fn keys(&self) -> Vec<String> {
-        let cancel = CancellationToken::new();
-        let listed = self.store("").await.list("", &cancel).await.expect("list");
-        listed.into_iter().map(|m| m.key.as_str().to_owned()).collect()
-    }
-
-    async fn put_secret(&self, name: &str, password: &[u8]) {
-        let secret: Secret = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": { "name": name, "namespace": self.namespace },
-            "stringData": { PASSWORD_KEY: String::from_utf8_lossy(password) },
-        }))
-        .expect("secret");
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-        secrets.create(&PostParams::default(), &secret).await.expect("create secret");
-    }
-
-    async fn secret(&self, name: &str) -> Option<Vec<u8>> {
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-        let secret = secrets.get_opt(name).await.expect("get secret")?;
-        Some(secret.data.expect("data")[PASSWORD_KEY].0.clone())
-    }
-}
 
 #[tokio::test]
 async fn a_repository_lands_under_plugins_ferry_and_nothing_else_at_the_top() {
@@ -254,4 +158,80 @@ async fn a_location_naming_a_missing_credential_secret_fails_with_that_message()
     );
     assert!(matches!(err, MoverError::Secret { .. }), "{err:?}");
     assert!(world.keys().await.is_empty(), "nothing created");
+}
+
+/// A location whose `s3Url` is served over TLS with a certificate a private CA signed: without
+/// `objectStorage.caCert` the open fails naming the location and what to set; with the CA
+/// there (base64, as Velero's API holds a Go `[]byte`) the repository is created, and opened
+/// again by another agent.
+#[tokio::test]
+async fn a_location_behind_a_private_ca_opens_with_its_ca_cert_only() {
+    use base64::Engine as _;
+
+    let world = World::new("mover-ca").await;
+    let front = ferry_testbed::TlsFront::start(S3Server::shared().endpoint())
+        .expect("starting a TLS front for moto");
+    let cancel = CancellationToken::new();
+    world.patch_bsl(BSL, json!({ "config": { "s3Url": front.url() } })).await;
+
+    let err = world.source().open(BSL, SOURCE_NS, &cancel).await.expect_err("untrusted");
+    let message = err.to_string();
+    let location = format!("s3://{}/velero/plugins/ferry/app", world.bucket);
+    assert!(message.contains(&location), "the location is not named: {message}");
+    assert!(message.contains(front.url()), "the endpoint is not named: {message}");
+    assert!(message.contains("objectStorage.caCert"), "no hint at the fix: {message}");
+    assert!(world.keys().await.is_empty(), "nothing created");
+
+    let ca = base64::engine::general_purpose::STANDARD.encode(front.ca_pem());
+    world.patch_bsl(BSL, json!({ "objectStorage": { "caCert": ca } })).await;
+    let opened = world.source().open(BSL, SOURCE_NS, &cancel).await.expect("opens over TLS");
+    assert_eq!(opened.location, location);
+    let keys = world.keys().await;
+    assert!(keys.iter().any(|k| k == "velero/plugins/ferry/app/config"), "{keys:?}");
+    let again = world.source().open(BSL, SOURCE_NS, &cancel).await.expect("opens again");
+    assert_eq!(again.repo.config().repo_id, opened.repo.config().repo_id);
+}
+
+#[tokio::test]
+async fn a_ca_bundle_from_ca_cert_ref_is_read_from_its_secret_when_it_changes() {
+    let world = World::new("mover-ca-ref").await;
+    let front = ferry_testbed::TlsFront::start(S3Server::shared().endpoint())
+        .expect("starting a TLS front for moto");
+    let cancel = CancellationToken::new();
+    // The secret is named before it exists: a clear error naming it.
+    world
+        .patch_bsl(
+            BSL,
+            json!({
+                "config": { "s3Url": front.url() },
+                "objectStorage": { "caCertRef": { "name": "s3-ca", "key": "ca.pem" } },
+            }),
+        )
+        .await;
+    let source = world.source();
+    let err = source.open(BSL, SOURCE_NS, &cancel).await.expect_err("no secret yet");
+    assert!(matches!(err, MoverError::Secret { .. }), "{err:?}");
+    assert!(err.to_string().contains("objectStorage.caCertRef"), "{err}");
+
+    // The secret holds a CA that did not sign the endpoint: refused as untrusted.
+    let other = ferry_testbed::TlsFront::start(S3Server::shared().endpoint()).expect("front");
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": "s3-ca", "namespace": world.namespace },
+        "stringData": { "ca.pem": other.ca_pem() },
+    }))
+    .expect("secret");
+    let secrets: Api<Secret> = Api::namespaced(world.client.clone(), &world.namespace);
+    secrets.create(&PostParams::default(), &secret).await.expect("create secret");
+    let err = source.open(BSL, SOURCE_NS, &cancel).await.expect_err("wrong CA");
+    assert!(err.to_string().contains("not signed by a trusted CA"), "{err}");
+
+    // The operator puts the right CA in the secret: the same agent opens over TLS.
+    let fixed = json!({ "stringData": { "ca.pem": front.ca_pem() } });
+    secrets
+        .patch("s3-ca", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&fixed))
+        .await
+        .expect("patch secret");
+    let opened = source.open(BSL, SOURCE_NS, &cancel).await.expect("opens over TLS");
+    assert_eq!(opened.location, format!("s3://{}/velero/plugins/ferry/app", world.bucket));
 }

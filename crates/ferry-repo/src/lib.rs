@@ -59,7 +59,9 @@ pub use repo::{
     BlobLocation, CacheOptions, InitOptions, InitOutcome, KeyDetails, KeyInfo, MIN_PASSWORD_LEN,
     RepoStats, Repository, VELERO_DEFAULT_PASSWORD, hostname, weak_password_reason,
 };
-pub use restore::{MAX_DEPTH, RestoreOptions, RestoreSummary, restore, restore_at};
+pub use restore::{
+    Fidelity, MAX_DEPTH, RestoreOptions, RestoreSummary, Withheld, restore, restore_at,
+};
 pub use volume::{
     DEFAULT_VOLUME_CHUNK, DEFAULT_VOLUME_LEVEL, MAX_VOLUME_CHUNK, VolumeBackupOptions,
     VolumeBackupSummary, VolumeMap, VolumeRestoreOptions, VolumeRestoreSummary, backup_volume,

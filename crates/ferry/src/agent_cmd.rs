@@ -32,6 +32,11 @@ pub struct AgentArgs {
     /// This node's name (a DaemonSet passes it from the downward API).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
+    /// The agent's own pod (in `--namespace`; a DaemonSet passes it from the downward API):
+    /// holding pods get its tolerations, but never the cordon's. Without it holding pods
+    /// tolerate no taint.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
     /// Velero's namespace.
     #[arg(long, env = "VELERO_NAMESPACE", default_value = "velero")]
     pub namespace: String,
@@ -93,6 +98,48 @@ pub struct AgentArgs {
     /// PVC and pod settings from; `--concurrency` applies when it gives none.
     #[arg(long)]
     pub config_map: Option<String>,
+    /// What file-system restores recreate of what grants privileges in a volume (device
+    /// nodes, set-ID bits of root's files, `security.*`/`trusted.*` xattrs): `confined`
+    /// withholds them unless a DataDownload's `dataMoverConfig` asks (`ferry.io/restore-*`
+    /// keys), `full` restores them unless it declines.
+    #[arg(long, value_enum, default_value_t = RestoreFidelity::Confined)]
+    pub restore_fidelity: RestoreFidelity,
+}
+
+/// The agent's default restore fidelity (see [`AgentArgs::restore_fidelity`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RestoreFidelity {
+    /// Withhold device nodes, root's set-ID bits and privileged xattrs.
+    Confined,
+    /// Restore everything the snapshot recorded.
+    Full,
+}
+
+impl RestoreFidelity {
+    fn fidelity(self) -> ferry_repo::Fidelity {
+        match self {
+            Self::Confined => ferry_repo::Fidelity::CONFINED,
+            Self::Full => ferry_repo::Fidelity::FULL,
+        }
+    }
+}
+
+/// The tolerations of the agent's own pod (none when it is not named).
+async fn own_tolerations(
+    client: &kube::Client,
+    args: &AgentArgs,
+) -> anyhow::Result<Vec<ferry_api::k8s_openapi::api::core::v1::Toleration>> {
+    let Some(name) = &args.pod_name else {
+        tracing::warn!("POD_NAME is not set: holding pods will tolerate no taint");
+        return Ok(Vec::new());
+    };
+    let pods: Api<ferry_api::k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(client.clone(), &args.namespace);
+    let pod = pods
+        .get(name)
+        .await
+        .with_context(|| format!("reading the agent's own pod {}/{name}", args.namespace))?;
+    Ok(pod.spec.and_then(|s| s.tolerations).unwrap_or_default())
 }
 
 /// Reads Velero's node-agent ConfigMap and the node's labels (for per-node concurrency).
@@ -159,6 +206,7 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     exposer.namespace.clone_from(&args.namespace);
     exposer.kubelet_root.clone_from(&args.kubelet_root);
     exposer.unschedulable_grace = args.unschedulable_grace;
+    exposer.agent_tolerations = own_tolerations(&client, args).await?;
     let mut concurrency = args.concurrency;
     let mut prepare_queue_length = args.prepare_queue_length.map(|n| n as usize);
     if let Some(name) = &args.config_map {
@@ -181,7 +229,9 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     let backends = Backends {
         upload_exposer: Arc::new(CsiBackupExposer::new(client.clone(), exposer.clone())),
         download_exposer: Arc::new(CsiRestoreExposer::new(client.clone(), exposer)),
-        mover: Arc::new(RepoMover::new(Arc::clone(&repos))),
+        mover: Arc::new(
+            RepoMover::new(Arc::clone(&repos)).with_fidelity(args.restore_fidelity.fidelity()),
+        ),
     };
     let mut config = AgentConfig::new(args.node_name.clone());
     config.namespace.clone_from(&args.namespace);
@@ -196,12 +246,18 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     // reclaim loop below sees its deletion however soon it comes.
     config.completed_upload_finalizer = Some(ferry_mover::upload_finalizer::FINALIZER.to_owned());
     let client_for_deletions = client.clone();
+    let location_events = ferry_mover::space::LocationEvents::new(
+        client.clone(),
+        args.namespace.clone(),
+        &args.node_name,
+    );
     let agent = Agent::start(client, config, backends).await.context("starting the agent")?;
     let deletions = tokio::spawn(ferry_mover::deletion::keep_forgetting(
         client_for_deletions.clone(),
         args.namespace.clone(),
         args.data_mover.clone(),
         Arc::clone(&repos),
+        location_events.clone(),
         args.deletion_interval,
         cancel.clone(),
     ));
@@ -213,12 +269,16 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
         args.namespace.clone(),
         InitOptions::default(),
     ));
-    let reclaims = tokio::spawn(ferry_mover::upload_finalizer::keep_reclaiming(
-        client_for_deletions,
-        args.namespace.clone(),
-        args.data_mover.clone(),
+    let reclaimer = ferry_mover::upload_finalizer::Reclaimer {
+        client: client_for_deletions,
+        namespace: args.namespace.clone(),
+        data_mover: args.data_mover.clone(),
         repos,
-        locations,
+        metadata: locations,
+        events: location_events,
+    };
+    let reclaims = tokio::spawn(ferry_mover::upload_finalizer::keep_reclaiming(
+        reclaimer,
         args.deletion_interval,
         cancel.clone(),
     ));

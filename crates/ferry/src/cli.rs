@@ -181,7 +181,8 @@ pub struct CacheArgs {
     /// `ferry agent`, use none unless this is given.
     #[arg(long, env = "FERRY_CACHE_DIR", value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
-    /// Most the cache may hold for one repository, in MiB.
+    /// Most the whole cache directory may hold, in MiB: every repository's folder together,
+    /// also those of repositories not open now (the least recently used files go first).
     #[arg(long, env = "FERRY_CACHE_SIZE_MIB", value_name = "MIB", default_value_t = 512,
           value_parser = clap::value_parser!(u64).range(16..=1_048_576))]
     pub cache_size_mib: u64,

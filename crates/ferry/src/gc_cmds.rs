@@ -266,7 +266,14 @@ pub async fn gc(args: &GcArgs, cancel: &CancellationToken) -> anyhow::Result<()>
         max_clock_skew: Duration::from_secs(args.max_clock_skew),
         ..GcOptions::default()
     };
-    let report = ferry_repo::gc::gc(&repo, &options, cancel).await.context("collecting garbage")?;
+    let report = match ferry_repo::gc::gc(&repo, &options, cancel).await {
+        Ok(report) => report,
+        Err(e) if ferry_mover::space::is_stop(&e) => anyhow::bail!(
+            "gc stopped and deleted nothing: {e}. Run `ferry check` on this repository to see \
+             what is damaged"
+        ),
+        Err(e) => return Err(e).context("collecting garbage"),
+    };
     let json = to_json(&report);
     if args.json {
         println!("{}", serde_json::to_string(&json)?);

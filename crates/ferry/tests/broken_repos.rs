@@ -247,3 +247,19 @@ fn missing_config_says_there_is_no_repository_and_where() {
     assert!(line.contains(path(&case.root().join("repo"))), "{line}");
     assert_names(&case.ferry(&["check"]), "no repository found");
 }
+
+#[test]
+fn gc_over_a_lost_index_stops_says_why_and_deletes_nothing() {
+    let case = Case::new("good");
+    let repo = case.root().join("repo");
+    let index = repo.join("index");
+    std::fs::remove_dir_all(&index).expect("remove the index");
+    std::fs::create_dir(&index).expect("empty index folder");
+    let data_before: Vec<_> = files(&repo.join("data"));
+    assert!(!data_before.is_empty());
+
+    let out = case.ferry(&["gc"]);
+    let line = assert_names(&out, "gc stopped and deleted nothing");
+    assert!(line.contains("missing from the index") && line.contains("ferry check"), "{line}");
+    assert_eq!(files(&repo.join("data")), data_before, "no pack deleted");
+}

@@ -119,8 +119,8 @@ pub(super) async fn complete<C: MoverCr>(
         ctx.metrics.outcome(C::KIND, crate::metrics::Outcome::Success);
         let note = format!("{summary} on node {}: {stats}", ctx.me());
         ctx.events.normal(&done, "Completed", note).await;
-        for warning in C::outcome_warnings(outcome) {
-            ctx.events.warning(&done, "RepositoryWarning", warning.clone()).await;
+        for (reason, note) in C::outcome_warnings(outcome) {
+            ctx.events.warning(&done, reason, note).await;
         }
     }
     Ok(())

@@ -377,6 +377,6 @@ impl DataMover for Sim {
         cancel: CancellationToken,
     ) -> Result<RestoreOutcome, WorkError> {
         let bytes = self.move_bytes(&dd.name_any(), volume, &progress, &cancel).await?;
-        Ok(RestoreOutcome { total_bytes: bytes, warnings: Vec::new() })
+        Ok(RestoreOutcome { total_bytes: bytes, ..RestoreOutcome::default() })
     }
 }

@@ -158,14 +158,8 @@ pub(crate) fn finish_item(shared: &Shared, item: Item) -> RepoResult<()> {
     if item.file.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
         let mut warnings = Warnings::default();
         let f = &item.file;
-        fsops::apply_fd(
-            &f.file,
-            &f.meta,
-            shared.owners,
-            &f.path.display().to_string(),
-            &mut warnings,
-        )
-        .map_err(|e| RepoError::io("set metadata of", &f.path, e))?;
+        fsops::apply_fd(&f.file, &f.meta, shared, &f.path.display().to_string(), &mut warnings)
+            .map_err(|e| RepoError::io("set metadata of", &f.path, e))?;
         shared.warn(warnings);
         shared.progress.files_done.fetch_add(1, Ordering::Relaxed);
     }

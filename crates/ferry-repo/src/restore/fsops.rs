@@ -16,6 +16,7 @@ use nix::sys::stat::{FchmodatFlags, Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 use nix::unistd::{Gid, Uid, UnlinkatFlags};
 
+use super::Shared;
 use crate::format::{Metadata, Timestamp, validate_name};
 use crate::sys;
 
@@ -182,8 +183,14 @@ fn timespec(t: Timestamp) -> TimeSpec {
 #[derive(Debug, Default)]
 pub(crate) struct Warnings(pub(crate) Vec<String>);
 
-fn set_xattrs(target: sys::Target<'_>, meta: &Metadata, what: &str, warnings: &mut Warnings) {
-    for x in &meta.xattrs {
+fn set_xattrs(
+    target: sys::Target<'_>,
+    meta: &Metadata,
+    shared: &Shared,
+    what: &str,
+    warnings: &mut Warnings,
+) {
+    for x in meta.xattrs.iter().filter(|x| shared.policy.sets_xattr(x)) {
         if let Err(e) = sys::set_xattr(target, &x.name, &x.value) {
             warnings.0.push(format!("{what}: set xattr {}: {e}", String::from_utf8_lossy(&x.name)));
         }
@@ -194,19 +201,22 @@ fn set_xattrs(target: sys::Target<'_>, meta: &Metadata, what: &str, warnings: &m
 pub(crate) fn apply_fd(
     fd: &impl AsFd,
     meta: &Metadata,
-    owners: bool,
+    shared: &Shared,
     what: &str,
     warnings: &mut Warnings,
 ) -> io::Result<()> {
     let fd = fd.as_fd();
     // Owners first: the kernel drops a file capability (security.capability) on any chown,
     // and chmod last, as chown clears set-user-ID bits.
-    if owners {
+    if shared.owners {
         nix::unistd::fchown(fd, Some(Uid::from_raw(meta.uid)), Some(Gid::from_raw(meta.gid)))
             .map_err(err)?;
     }
-    set_xattrs(sys::Target::Fd(fd), meta, what, warnings);
-    nix::sys::stat::fchmod(fd, Mode::from_bits_truncate(meta.mode & 0o7777)).map_err(err)?;
+    set_xattrs(sys::Target::Fd(fd), meta, shared, what, warnings);
+    let is_dir =
+        nix::sys::stat::fstat(fd).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+    let mode = if is_dir { meta.mode & 0o7777 } else { shared.policy.file_mode(meta) };
+    nix::sys::stat::fchmod(fd, Mode::from_bits_truncate(mode)).map_err(err)?;
     nix::sys::stat::futimens(fd, &timespec(meta.atime), &timespec(meta.mtime)).map_err(err)
 }
 
@@ -216,7 +226,7 @@ pub(crate) fn apply_at(
     name: &[u8],
     meta: &Metadata,
     symlink: bool,
-    owners: bool,
+    shared: &Shared,
     what: &str,
     warnings: &mut Warnings,
 ) -> io::Result<()> {
@@ -225,7 +235,7 @@ pub(crate) fn apply_at(
     let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
     path.extend_from_slice(name);
     // Owners before xattrs and chmod, as in `apply_fd`.
-    if owners {
+    if shared.owners {
         nix::unistd::fchownat(
             dir.as_fd(),
             name,
@@ -236,7 +246,7 @@ pub(crate) fn apply_at(
         .map_err(err)?;
     }
     if let Ok(cpath) = CString::new(path) {
-        set_xattrs(sys::Target::PathNoFollow(&cpath), meta, what, warnings);
+        set_xattrs(sys::Target::PathNoFollow(&cpath), meta, shared, what, warnings);
     }
     if !symlink {
         // chmod cannot skip links by name on older kernels; go through an O_PATH descriptor of
@@ -246,7 +256,7 @@ pub(crate) fn apply_at(
         match nix::sys::stat::fchmodat(
             nix::fcntl::AT_FDCWD,
             proc.as_str(),
-            Mode::from_bits_truncate(meta.mode & 0o7777),
+            Mode::from_bits_truncate(shared.policy.file_mode(meta)),
             FchmodatFlags::FollowSymlink,
         ) {
             Ok(()) => {}

@@ -13,6 +13,7 @@
 //! existing entries in the target are replaced, never written through; nesting is bounded.
 
 mod data;
+mod fidelity;
 mod fsops;
 mod plan;
 
@@ -33,6 +34,7 @@ use crate::place::Place;
 use crate::progress::{Counters, ProgressFn, Ticker};
 use crate::repo::{MemIndex, Repository};
 use data::Batch;
+pub use fidelity::{Fidelity, Withheld};
 use fsops::Warnings;
 
 /// Deepest directory nesting accepted (deeper trees cannot come from a real file system and
@@ -61,6 +63,9 @@ pub struct RestoreOptions {
     /// (and its metadata onto the target); anything else goes into the target under its own
     /// name, leaving the target directory's metadata alone.
     pub subtree: Option<std::path::PathBuf>,
+    /// Which privilege-bearing parts of the snapshot are recreated (see [`Fidelity`]):
+    /// all of them by default.
+    pub fidelity: Fidelity,
 }
 
 /// What a restore did.
@@ -76,6 +81,8 @@ pub struct RestoreSummary {
     pub entries_with_backup_errors: u64,
     /// Metadata the target could not take (e.g. xattrs unsupported), at most 100.
     pub warnings: Vec<String>,
+    /// What the restore's [`Fidelity`] left out.
+    pub withheld: Withheld,
     /// Wall time.
     pub duration: Duration,
 }
@@ -87,6 +94,7 @@ pub(crate) struct Shared {
     pub(crate) stop: CancellationToken,
     pub(crate) sparse: bool,
     pub(crate) owners: bool,
+    pub(crate) policy: fidelity::Policy,
     pub(crate) progress: Counters,
     /// Files per batch: every queued file is an open descriptor.
     pub(crate) batch_items: usize,
@@ -228,6 +236,7 @@ async fn restore_leased(
         stop,
         sparse: options.sparse,
         owners: options.owners.unwrap_or_else(|| nix::unistd::geteuid().is_root()),
+        policy: fidelity::Policy::new(options.fidelity),
         progress: Counters::default(),
         batch_items: batch_items(fd_limit, threads),
         warnings: Mutex::new(Vec::new()),
@@ -270,6 +279,7 @@ async fn restore_leased(
         bytes: shared.progress.bytes_done.load(Ordering::Relaxed),
         entries_with_backup_errors: counts.errors,
         warnings: shared.warnings.lock().map(|w| w.clone()).unwrap_or_default(),
+        withheld: shared.policy.withheld(),
         duration: started.elapsed(),
     })
 }
@@ -369,7 +379,7 @@ fn run(
     fsops::apply_fd(
         &root_fd.as_fd(),
         &root.meta,
-        shared.owners,
+        shared,
         &target.display().to_string(),
         &mut warnings,
     )
@@ -433,14 +443,8 @@ fn dir_metadata(
             let sub = fsops::open_dir(fd, &node.name)
                 .map_err(|e| RepoError::io("open directory", &child, e))?;
             dir_metadata(shared, &sub, pages, &child, depth + 1, warnings)?;
-            fsops::apply_fd(
-                &sub,
-                &node.meta,
-                shared.owners,
-                &child.display().to_string(),
-                warnings,
-            )
-            .map_err(|e| RepoError::io("set metadata of", &child, e))?;
+            fsops::apply_fd(&sub, &node.meta, shared, &child.display().to_string(), warnings)
+                .map_err(|e| RepoError::io("set metadata of", &child, e))?;
         }
         Ok(())
     })

@@ -151,6 +151,12 @@ impl Planner<'_> {
         if node.error.is_some() {
             self.counts.errors += 1;
         }
+        // A device node withheld is not created at all, nor linked to.
+        if matches!(node.body, NodeBody::CharDevice { .. } | NodeBody::BlockDevice { .. })
+            && !self.shared.policy.creates_device()
+        {
+            return Ok(());
+        }
         let what = path.display().to_string();
         let mut earlier_members = Vec::new();
         if let (Some(id), false) = (node.hardlink, matches!(node.body, NodeBody::Dir { .. })) {
@@ -211,7 +217,7 @@ impl Planner<'_> {
                     }
                 }
                 if segments.is_empty() {
-                    fsops::apply_fd(&file, &node.meta, self.shared.owners, &what, &mut warnings)
+                    fsops::apply_fd(&file, &node.meta, self.shared, &what, &mut warnings)
                         .map_err(io("set metadata of"))?;
                     self.shared.progress.files_done.fetch_add(1, Ordering::Relaxed);
                 } else {
@@ -239,7 +245,7 @@ impl Planner<'_> {
                     &node.name,
                     &node.meta,
                     true,
-                    self.shared.owners,
+                    self.shared,
                     &what,
                     &mut warnings,
                 )
@@ -262,7 +268,7 @@ impl Planner<'_> {
                     &node.name,
                     &node.meta,
                     false,
-                    self.shared.owners,
+                    self.shared,
                     &what,
                     &mut warnings,
                 )

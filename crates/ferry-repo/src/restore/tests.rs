@@ -319,3 +319,72 @@ async fn a_symlink_whose_target_was_not_read_is_skipped_with_a_warning() -> Repo
     assert!(summary.warnings.iter().any(|w| w.contains("symlink not restored")), "{summary:?}");
     Ok(())
 }
+
+/// A snapshot holding each privilege-bearing part: a device node, set-ID files owned by root
+/// and by a user, and privileged and ordinary xattrs.
+async fn privileged_snapshot(repo: &Repository) -> RepoResult<SnapshotId> {
+    let x =
+        |name: &str| crate::format::Xattr { name: name.as_bytes().to_vec(), value: b"v".to_vec() };
+    let with = |mut n: Node, mode: u32, uid: u32, gid: u32| {
+        n.meta = Metadata { mode, uid, gid, ..Metadata::default() };
+        n
+    };
+    let mut tagged = with(node(b"tagged", file(repo, b"t").await?), 0o644, 0, 0);
+    tagged.meta.xattrs = vec![x("trusted.ferry"), x("user.note")];
+    let entries = vec![
+        with(
+            node(b"null", NodeBody::CharDevice { rdev: nix::sys::stat::makedev(1, 3) }),
+            0o666,
+            0,
+            0,
+        ),
+        with(node(b"root-suid", file(repo, b"r").await?), 0o6755, 0, 0),
+        tagged,
+        with(node(b"user-suid", file(repo, b"u").await?), 0o4755, 1000, 1000),
+    ];
+    snapshot_of(repo, vec![entries]).await
+}
+
+fn mode_of(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).map_or(0, |m| m.mode() & 0o7777)
+}
+
+fn xattr_names(path: &std::path::Path) -> Vec<String> {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else { return vec![] };
+    crate::sys::list_xattrs(crate::sys::Target::PathNoFollow(&c))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|x| String::from_utf8_lossy(&x.name).into_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confined_restore_withholds_devices_root_set_id_bits_and_privileged_xattrs()
+-> RepoResult<()> {
+    assert!(nix::unistd::geteuid().is_root(), "needs root: device nodes, owners, trusted.*");
+    let repo = repo().await?;
+    let id = privileged_snapshot(&repo).await?;
+    let out = tempfile::tempdir().map_err(|e| RepoError::io("tempdir", "/tmp", e))?;
+    let options = RestoreOptions { fidelity: Fidelity::CONFINED, ..RestoreOptions::default() };
+    let cancel = CancellationToken::new();
+    let summary = restore(&repo, &id, out.path(), &options, None, &cancel).await?;
+    assert_eq!(summary.withheld, Withheld { device_nodes: 1, setid_files: 1, xattrs: 1 });
+    assert!(!out.path().join("null").exists(), "no device node");
+    assert_eq!(mode_of(&out.path().join("root-suid")), 0o755);
+    assert_eq!(mode_of(&out.path().join("user-suid")), 0o4755, "a user's set-ID file stays");
+    assert_eq!(xattr_names(&out.path().join("tagged")), ["user.note"]);
+
+    let full = tempfile::tempdir().map_err(|e| RepoError::io("tempdir", "/tmp", e))?;
+    let summary =
+        restore(&repo, &id, full.path(), &RestoreOptions::default(), None, &cancel).await?;
+    assert!(!summary.withheld.any(), "{:?}", summary.withheld);
+    let dev = std::fs::symlink_metadata(full.path().join("null"))
+        .map_err(|e| RepoError::io("stat", "null", e))?;
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(&dev.file_type()));
+    assert_eq!(mode_of(&full.path().join("root-suid")), 0o6755);
+    let mut names = xattr_names(&full.path().join("tagged"));
+    names.sort();
+    assert_eq!(names, ["trusted.ferry", "user.note"]);
+    Ok(())
+}

@@ -431,3 +431,76 @@ async fn an_upload_canceled_while_accepted_ends_canceled_and_leaves_nothing() ->
     classes.delete(&class_name, &Default::default()).await?;
     Ok(())
 }
+
+/// The agent tolerates every taint (the chart's default), its holding pods never the cordon's:
+/// on a cordoned node a DataUpload's holding pod stays unschedulable, and once the node is
+/// uncordoned the same DataUpload goes on and completes.
+#[tokio::test]
+async fn a_cordoned_node_gets_no_holding_pod_until_it_is_uncordoned() -> TestResult {
+    use ferry_api::k8s_openapi::api::core::v1::Node;
+    use kube::ResourceExt;
+    use kube::api::{Patch, PatchParams};
+
+    let node = node::node();
+    // Alone: a cordon stops every other test's pods too.
+    let _agent = node::AGENT.write().await;
+    let client = node.client()?;
+    let ns = node.namespace("cordon").await?;
+    node::create_pvc(&client, &ns, "data", "64Mi", "Filesystem").await?;
+    node::run_pod(&client, &ns, "data", false, FS_WRITE).await?;
+    let snapshot = node::snapshot(&client, &ns, "data").await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let listed = nodes.list(&ListParams::default()).await?;
+    let [only] = listed.items.as_slice() else { return Err("one node expected".into()) };
+    let node_name = only.name_any();
+    let cordon = |on: bool| {
+        let (nodes, node_name) = (nodes.clone(), node_name.clone());
+        async move {
+            let patch = Patch::Merge(serde_json::json!({ "spec": { "unschedulable": on } }));
+            nodes.patch(&node_name, &PatchParams::default(), &patch).await.map(|_| ())
+        }
+    };
+
+    cordon(true).await?;
+    let cordoned = async {
+        let du = node::data_upload(&client, &ns, "data", &snapshot, "cordoned").await?;
+        let name = name_of(&du);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+        let deadline = Instant::now() + WAIT;
+        let holder = loop {
+            let unschedulable = pods.get_opt(&name).await?.filter(|p| {
+                p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
+                    c.iter().any(|c| {
+                        c.type_ == "PodScheduled"
+                            && c.status == "False"
+                            && c.reason.as_deref() == Some("Unschedulable")
+                    })
+                })
+            });
+            if let Some(pod) = unschedulable {
+                break pod;
+            }
+            assert!(Instant::now() < deadline, "holding pod {name} not reported unschedulable");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        let spec = holder.spec.clone().unwrap_or_default();
+        assert_eq!(spec.node_name, None, "scheduled onto the cordoned node");
+        let tolerations = spec.tolerations.unwrap_or_default();
+        assert!(!tolerations.iter().any(ferry_expose::tolerates_cordon), "{tolerations:?}");
+        // The agent itself tolerates everything, the cordon included.
+        let agents = pods.list(&ListParams::default().labels(AGENT_LABELS)).await?;
+        let agent = agents.items.first().ok_or("no agent pod")?;
+        let agent_tolerations = agent.spec.clone().unwrap_or_default().tolerations;
+        assert!(agent_tolerations.unwrap_or_default().iter().any(ferry_expose::tolerates_cordon));
+        Ok::<_, Box<dyn std::error::Error>>(name)
+    }
+    .await;
+    // Uncordoned whatever happened: every other test needs the node.
+    cordon(false).await?;
+    let name = cordoned?;
+    let done = node::wait_upload(&client, &name).await?;
+    let placed = done.status.unwrap_or_default().node;
+    assert_eq!(placed, node_name, "moved on the node once it was uncordoned");
+    node::delete_pvc(&client, &ns, "data").await?;
+    Ok(())
+}
