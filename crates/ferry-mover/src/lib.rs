@@ -40,7 +40,7 @@ pub mod upload_finalizer;
 pub use bsl::{BslLocation, aws_credentials, location_of};
 pub use error::MoverError;
 pub use mover::{DATA_UPLOAD_TAG, RepoMover};
-pub use secrets::{PASSWORD_KEY, PASSWORD_SECRET, VELERO_PASSWORD_SECRET};
+pub use secrets::{PASSWORD_KEY, PASSWORD_SECRET, PREVIOUS_PASSWORD_KEY, VELERO_PASSWORD_SECRET};
 pub use source::{
     BslRepositories, FixedRepository, OLD_REPOSITORY_FOLDER, OpenedRepository, REPOSITORY_FOLDER,
     RepositorySource, old_repository_prefix, repository_prefix,

@@ -17,6 +17,9 @@ use crate::MoverError;
 pub const PASSWORD_SECRET: &str = "ferry-repo-credentials";
 /// The key of the password in [`PASSWORD_SECRET`] (and in [`VELERO_PASSWORD_SECRET`]).
 pub const PASSWORD_KEY: &str = "repository-password";
+/// The key, in [`PASSWORD_SECRET`], of the password being rotated away from: a repository
+/// only it opens gets a key for [`PASSWORD_KEY`]'s, proven, and loses the old one.
+pub const PREVIOUS_PASSWORD_KEY: &str = "previous-repository-password";
 /// Velero's repository password secret: read only to open repositories created with it.
 pub const VELERO_PASSWORD_SECRET: &str = "velero-repo-credentials";
 
@@ -103,6 +106,16 @@ impl Secrets<'_> {
                 }),
             },
         }
+    }
+
+    /// The previous password of Ferry's secret ([`PREVIOUS_PASSWORD_KEY`]), if one is set.
+    pub(crate) async fn previous_password(&self) -> Result<Option<Vec<u8>>, MoverError> {
+        let secret = self.api().get_opt(PASSWORD_SECRET).await.map_err(|e| MoverError::Api {
+            step: "reading a secret",
+            source: Box::new(ferry_kube::ApiError::from_kube("Secret", PASSWORD_SECRET, e)),
+        })?;
+        let data = secret.and_then(|s| s.data).unwrap_or_default();
+        Ok(data.get(PREVIOUS_PASSWORD_KEY).map(|b| b.0.clone()).filter(|p| !p.is_empty()))
     }
 
     /// The password in Velero's [`VELERO_PASSWORD_SECRET`], if that secret exists.

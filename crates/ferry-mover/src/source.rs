@@ -303,6 +303,52 @@ impl BslRepositories {
         Ok(Site { bucket: loc.bucket, prefix: loc.prefix, options, versions })
     }
 
+    /// A password rotation of Ferry's secret: a repository that only the previous password
+    /// ([`crate::PREVIOUS_PASSWORD_KEY`]) opens gets a key for the current one, read back and
+    /// proven, and then loses the previous one. `None` when there is no previous password or
+    /// it does not open the repository either.
+    async fn rotate(
+        &self,
+        at: &Located,
+        own: &[u8],
+        cancel: &CancellationToken,
+    ) -> Result<Option<(Repository, Option<String>)>, MoverError> {
+        let Some(previous) = self.secrets().previous_password().await? else { return Ok(None) };
+        let repo = match Repository::open(Arc::clone(&at.store), &previous, cancel).await {
+            Ok(repo) => repo,
+            Err(RepoError::WrongPassword { .. }) => return Ok(None),
+            Err(e) => {
+                return Err(MoverError::Repo {
+                    step: "opening the repository with the previous password",
+                    location: at.described.clone(),
+                    source: Box::new(e),
+                });
+            }
+        };
+        let old = repo.key_id();
+        let warning = match repo.change_password(own, self.init.kdf, cancel).await {
+            Ok(new) => {
+                tracing::info!(repository = %at.described, old = %old, new = %new, "rotated the repository's key to the current password of Ferry's secret");
+                None
+            }
+            // The new key works; only the old one could not be removed.
+            Err(e @ RepoError::OldKeyKept { .. }) => Some(format!(
+                "repository {}: rotated to the current password, but {e}; remove it with \
+                 `ferry repo key remove`",
+                at.described
+            )),
+            Err(e) => {
+                return Err(MoverError::Repo {
+                    step: "rotating the repository's key to the current password",
+                    location: at.described.clone(),
+                    source: Box::new(e),
+                });
+            }
+        };
+        self.hints().insert(at.described.clone(), repo.key_id());
+        Ok(Some((repo, warning)))
+    }
+
     /// The CA bundle of `loc` (its `caCertRef` secret, else its `caCert`) and the secret's
     /// `resourceVersion` (empty without one).
     async fn ca_bundle(
@@ -370,6 +416,9 @@ impl BslRepositories {
             }
             Err(RepoError::WrongPassword { .. }) => {}
             Err(e) => return Err(repo_error("opening or creating the repository", e)),
+        }
+        if let Some(rotated) = self.rotate(at, &own, cancel).await? {
+            return Ok(rotated);
         }
         let wrong_passwords = |velero: &str| MoverError::Password {
             location: at.described.clone(),

@@ -8,7 +8,10 @@ use std::sync::Arc;
 
 use common::{BSL, SOURCE_NS, World, fast};
 use ferry_api::k8s_openapi::api::core::v1::Secret;
-use ferry_mover::{MoverError, PASSWORD_SECRET, RepositorySource, VELERO_PASSWORD_SECRET};
+use ferry_mover::{
+    MoverError, PASSWORD_KEY, PASSWORD_SECRET, PREVIOUS_PASSWORD_KEY, RepositorySource,
+    VELERO_PASSWORD_SECRET,
+};
 use ferry_repo::{RepoError, Repository};
 use ferry_testbed::S3Server;
 use kube::api::{Api, PostParams};
@@ -234,4 +237,49 @@ async fn a_ca_bundle_from_ca_cert_ref_is_read_from_its_secret_when_it_changes() 
         .expect("patch secret");
     let opened = source.open(BSL, SOURCE_NS, &cancel).await.expect("opens over TLS");
     assert_eq!(opened.location, format!("s3://{}/velero/plugins/ferry/app", world.bucket));
+}
+
+/// Rotating Ferry's password for a whole BSL: the operator puts the new password in
+/// `repository-password` and the old one in `previous-repository-password`; each repository
+/// gets a key for the new password (proven) and loses the old one when an agent opens it, and
+/// one not opened yet still opens with the old password meanwhile (no downtime).
+#[tokio::test]
+async fn a_password_rotation_rekeys_each_repository_as_it_is_opened() {
+    let world = World::new("mover-rotate").await;
+    let (old, new) = (b"the first password of ferry", b"the second password of ferry");
+    world.put_secret(PASSWORD_SECRET, old).await;
+    let cancel = CancellationToken::new();
+    for ns in ["one", "two"] {
+        world.source().open(BSL, ns, &cancel).await.expect("create");
+    }
+    let secrets: Api<Secret> = Api::namespaced(world.client.clone(), &world.namespace);
+    let rotate = json!({ "stringData": {
+        PASSWORD_KEY: String::from_utf8_lossy(new),
+        PREVIOUS_PASSWORD_KEY: String::from_utf8_lossy(old),
+    } });
+    let params = kube::api::PatchParams::default();
+    secrets
+        .patch(PASSWORD_SECRET, &params, &kube::api::Patch::Merge(&rotate))
+        .await
+        .expect("patch");
+
+    let source = world.source();
+    source.open(BSL, "one", &cancel).await.expect("open one after the rotation");
+    let (one, two) = (
+        world.store("velero/plugins/ferry/one").await,
+        world.store("velero/plugins/ferry/two").await,
+    );
+    let keys_of = |store: Arc<dyn ferry_store::ObjectStore>| {
+        let cancel = cancel.clone();
+        async move { store.list("keys/", &cancel).await.expect("list keys").len() }
+    };
+    assert_eq!(keys_of(Arc::clone(&one)).await, 1, "the old key removed");
+    Repository::open(Arc::clone(&one), new, &cancel).await.expect("the new password opens it");
+    let refused = Repository::open(Arc::clone(&one), old, &cancel).await.expect_err("old refused");
+    assert!(matches!(refused, RepoError::WrongPassword { .. }), "{refused:?}");
+    // Not opened since: the old password still opens it.
+    Repository::open(Arc::clone(&two), old, &cancel).await.expect("two untouched so far");
+    source.open(BSL, "two", &cancel).await.expect("open two after the rotation");
+    assert_eq!(keys_of(Arc::clone(&two)).await, 1);
+    Repository::open(two, new, &cancel).await.expect("rotated too");
 }

@@ -302,6 +302,18 @@ pub async fn data_download(
     from: &DataUpload,
     restore: &str,
 ) -> Result<DataDownload, Box<dyn std::error::Error>> {
+    let pvc = target_pvc(client, ns, target, size, mode).await?;
+    data_download_into(client, &pvc, from, restore, None).await
+}
+
+/// Creates the target PVC `ns/target` as Velero's restore leaves it.
+pub async fn target_pvc(
+    client: &Client,
+    ns: &str,
+    target: &str,
+    size: &str,
+    mode: &str,
+) -> Result<PersistentVolumeClaim, Box<dyn std::error::Error>> {
     let pvc = velero_crs::target_pvc(
         ns,
         target,
@@ -310,12 +322,26 @@ pub async fn data_download(
         realnode::STORAGE_CLASS,
         &format!("{ns}.{target}"),
     )?;
-    let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+    Ok(Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &pvc)
-        .await?;
+        .await?)
+}
+
+/// Creates the DataDownload restoring `from` into `pvc`, with `config` as its
+/// `dataMoverConfig` when given.
+pub async fn data_download_into(
+    client: &Client,
+    pvc: &PersistentVolumeClaim,
+    from: &DataUpload,
+    restore: &str,
+    config: Option<std::collections::BTreeMap<String, String>>,
+) -> Result<DataDownload, Box<dyn std::error::Error>> {
     let bsl = from.spec.backup_storage_location.as_str();
-    let dd =
-        velero_crs::data_download(&Mover { datamover: MOVER, bsl }, restore, &uid(), &pvc, from)?;
+    let mut dd =
+        velero_crs::data_download(&Mover { datamover: MOVER, bsl }, restore, &uid(), pvc, from)?;
+    if config.is_some() {
+        dd.spec.data_mover_config = config;
+    }
     Ok(Api::<DataDownload>::namespaced(client.clone(), VELERO_NAMESPACE)
         .create(&PostParams::default(), &dd)
         .await?)

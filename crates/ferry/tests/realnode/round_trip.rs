@@ -1,6 +1,8 @@
 //! DataUpload -> DataDownload round trips on the real node, for a file-system PVC and a block
 //! PVC: the data written by one pod is restored into a new PVC and compared by another.
 
+use ferry_testbed::VELERO_NAMESPACE;
+
 use crate::node::{self, TestResult, name_of};
 
 /// Lists every entry under /data (lost+found aside) with its kind, mode and, for files, the
@@ -182,5 +184,61 @@ async fn crs_with_the_longest_names_round_trip() -> TestResult {
     node::wait_download(&client, &name_of(&dd)).await?;
     let restored = node::run_pod(&client, &target_ns, "data", false, FS_MANIFEST).await?;
     assert_eq!(restored, written, "the restored PVC holds the tree written");
+    Ok(())
+}
+
+/// A tenant's volume holding a set-user-ID file of root and a device node (made by the
+/// tenant's pod): the agent restores it without them, saying so in a `RestoreWithheld`
+/// Event; a DataDownload whose `dataMoverConfig` asks gets them back.
+#[tokio::test]
+async fn a_restore_withholds_privileges_unless_the_download_asks() -> TestResult {
+    use ferry_api::k8s_openapi::api::events::v1::Event;
+    use ferry_api::keys::{RESTORE_DEVICE_NODES, RESTORE_ROOT_SETID_BITS};
+    use kube::api::{Api, ListParams};
+
+    let node = node::node();
+    let _agent = node::AGENT.read().await;
+    let client = node.client()?;
+    let ns = node.namespace("priv").await?;
+    node::create_pvc(&client, &ns, "data", "16Mi", "Filesystem").await?;
+    let write = "set -e; cd /data; echo x > su; chmod 4755 su; mknod null c 1 3; echo y > plain";
+    node::run_pod(&client, &ns, "data", false, write).await?;
+    let snapshot = node::snapshot(&client, &ns, "data").await?;
+    let du = node::data_upload(&client, &ns, "data", &snapshot, "priv-backup").await?;
+    let du = node::wait_upload(&client, &name_of(&du)).await?;
+    let look = "cd /data; { stat -c %a su; if [ -c null ]; then echo device; else echo none; fi; \
+                cat plain; } > /dev/termination-log";
+
+    let confined = node.namespace("priv-confined").await?;
+    let dd = node::data_download(&client, &confined, "data", "16Mi", "Filesystem", &du, "priv-1")
+        .await?;
+    node::wait_download(&client, &name_of(&dd)).await?;
+    let seen = node::run_pod(&client, &confined, "data", false, look).await?;
+    assert_eq!(seen.split_whitespace().collect::<Vec<_>>(), ["755", "none", "y"], "{seen}");
+    let events: Api<Event> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let listed = events.list(&ListParams::default()).await?;
+    let withheld = listed
+        .items
+        .iter()
+        .find(|e| {
+            e.reason.as_deref() == Some("RestoreWithheld")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&name_of(&dd))
+        })
+        .and_then(|e| e.note.clone())
+        .ok_or("no RestoreWithheld event on the DataDownload")?;
+    assert!(
+        withheld.contains("1 device nodes") && withheld.contains("1 files of root"),
+        "{withheld}"
+    );
+
+    let asked = node.namespace("priv-asked").await?;
+    let pvc = node::target_pvc(&client, &asked, "data", "16Mi", "Filesystem").await?;
+    let config = [RESTORE_DEVICE_NODES, RESTORE_ROOT_SETID_BITS]
+        .map(|k| (k.to_owned(), "true".to_owned()))
+        .into();
+    let dd = node::data_download_into(&client, &pvc, &du, "priv-2", Some(config)).await?;
+    node::wait_download(&client, &name_of(&dd)).await?;
+    let seen = node::run_pod(&client, &asked, "data", false, look).await?;
+    assert_eq!(seen.split_whitespace().collect::<Vec<_>>(), ["4755", "device", "y"], "{seen}");
     Ok(())
 }
