@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use ferry_api::BackupStorageLocation;
-use ferry_store::StaticCredentials;
+use ferry_store::{ServerSideEncryption, StaticCredentials};
 use kube::ResourceExt;
 
 use crate::MoverError;
@@ -36,6 +36,9 @@ pub struct BslLocation {
     /// `objectStorage.caCertRef`: the Secret (in the BSL's namespace) and key holding the PEM
     /// certificates; when set it is used instead of `caCert`, as in Velero.
     pub ca_cert_ref: Option<(String, String)>,
+    /// `config.kmsKeyId` (SSE-KMS with that key) or else `config.serverSideEncryption` (that
+    /// algorithm), as Velero's AWS plugin asks for them on every object it writes.
+    pub server_side_encryption: Option<ServerSideEncryption>,
 }
 
 /// Velero's default credentials secret and key.
@@ -70,6 +73,19 @@ pub fn location_of(bsl: &BackupStorageLocation) -> Result<BslLocation, MoverErro
         Ok(pem) => pem,
         Err(reason) => return fail(reason),
     };
+    if get("customerKeyEncryptionFile").is_some() {
+        return fail(
+            "config.customerKeyEncryptionFile (SSE-C) is not supported by Ferry: its repository \
+             is encrypted by Ferry itself; use serverSideEncryption or kmsKeyId for encryption \
+             at rest by S3"
+                .into(),
+        );
+    }
+    let server_side_encryption = match (get("kmsKeyId"), get("serverSideEncryption")) {
+        (Some(key), _) => Some(ServerSideEncryption::KmsKey(key)),
+        (None, Some(algorithm)) => Some(ServerSideEncryption::Algorithm(algorithm)),
+        (None, None) => None,
+    };
     let ca_cert_ref =
         storage.ca_cert_ref.as_ref().map(|r| (r.name.clone().unwrap_or_default(), r.key.clone()));
     Ok(BslLocation {
@@ -83,6 +99,7 @@ pub fn location_of(bsl: &BackupStorageLocation) -> Result<BslLocation, MoverErro
         credential_named: bsl.spec.credential.is_some(),
         ca_cert,
         ca_cert_ref,
+        server_side_encryption,
     })
 }
 
@@ -196,6 +213,25 @@ mod tests {
         let message = err.to_string();
         assert!(message.contains("default"), "the BSL is not named: {message}");
         assert!(message.contains("objectStorage.caCert is not base64"), "{message}");
+    }
+
+    #[test]
+    fn server_side_encryption_is_read_as_velero_reads_it() {
+        let sse = |config: &[(&str, &str)]| {
+            location_of(&bsl("aws", config)).map(|l| l.server_side_encryption)
+        };
+        assert_eq!(sse(&[]).expect("none"), None);
+        assert_eq!(
+            sse(&[("serverSideEncryption", "AES256")]).expect("sse-s3"),
+            Some(ServerSideEncryption::Algorithm("AES256".into()))
+        );
+        assert_eq!(
+            sse(&[("serverSideEncryption", "AES256"), ("kmsKeyId", "alias/k")]).expect("kms"),
+            Some(ServerSideEncryption::KmsKey("alias/k".into())),
+            "kmsKeyId wins, as in Velero"
+        );
+        let err = sse(&[("customerKeyEncryptionFile", "/k")]).expect_err("sse-c").to_string();
+        assert!(err.contains("customerKeyEncryptionFile"), "{err}");
     }
 
     #[test]

@@ -298,6 +298,7 @@ impl BslRepositories {
             force_path_style: loc.force_path_style || loc.endpoint.is_some(),
             credentials,
             ca_bundle,
+            server_side_encryption: loc.server_side_encryption,
             ..S3Options::default()
         };
         Ok(Site { bucket: loc.bucket, prefix: loc.prefix, options, versions })

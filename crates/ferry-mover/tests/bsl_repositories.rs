@@ -283,3 +283,31 @@ async fn a_password_rotation_rekeys_each_repository_as_it_is_opened() {
     assert_eq!(keys_of(Arc::clone(&two)).await, 1);
     Repository::open(two, new, &cancel).await.expect("rotated too");
 }
+
+/// A location asking for SSE-KMS (`config.kmsKeyId`, as Velero's AWS plugin reads it): every
+/// object of the repository is written with it.
+#[tokio::test]
+async fn a_location_asking_for_server_side_encryption_gets_it_on_every_object() {
+    let world = World::new("mover-sse").await;
+    world.patch_bsl(BSL, json!({ "config": { "kmsKeyId": "alias/ferry-at-rest" } })).await;
+    let cancel = CancellationToken::new();
+    world.source().open(BSL, SOURCE_NS, &cancel).await.expect("create");
+    let admin = aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::Config::builder()
+            .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+            .region(aws_sdk_s3::config::Region::from_static("us-east-1"))
+            .endpoint_url(S3Server::shared().endpoint())
+            .force_path_style(true)
+            .credentials_provider(aws_sdk_s3::config::Credentials::new(
+                "t", "s", None, None, "test",
+            ))
+            .build(),
+    );
+    let keys = world.keys().await;
+    assert!(keys.len() >= 2, "config and a key file: {keys:?}");
+    for key in keys {
+        let head = admin.head_object().bucket(&world.bucket).key(&key).send().await.expect("head");
+        let sse = head.server_side_encryption().map(|s| s.as_str().to_owned());
+        assert_eq!(sse.as_deref(), Some("aws:kms"), "{key}");
+    }
+}

@@ -62,7 +62,7 @@ pub use hooked::{Call, Hook, Hooked};
 pub use key::{InvalidKey, ObjectKey};
 pub use memory::MemoryStore;
 #[cfg(feature = "s3")]
-pub use s3::{S3Config, S3Options, S3Store, StaticCredentials};
+pub use s3::{S3Config, S3Options, S3Store, ServerSideEncryption, StaticCredentials};
 pub use url::{InvalidStoreUrl, StoreUrl};
 
 use std::sync::Arc;

@@ -77,6 +77,18 @@ pub struct S3Options {
     /// platform's roots: the CA of a server whose certificate a private CA signed (Velero's
     /// `objectStorage.caCert`). `None` trusts the platform's roots only.
     pub ca_bundle: Option<Vec<u8>>,
+    /// Server-side encryption asked for on every object written (Velero's BSL
+    /// `serverSideEncryption` and `kmsKeyId`); `None` leaves the bucket's default.
+    pub server_side_encryption: Option<ServerSideEncryption>,
+}
+
+/// Server-side encryption of the objects written, as Velero's AWS plugin asks for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerSideEncryption {
+    /// `x-amz-server-side-encryption` with this algorithm (`AES256`, `aws:kms`, ...).
+    Algorithm(String),
+    /// `aws:kms` with this KMS key (id, ARN or alias).
+    KmsKey(String),
 }
 
 impl Default for S3Options {
@@ -96,6 +108,7 @@ impl Default for S3Options {
             connect_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(120),
             ca_bundle: None,
+            server_side_encryption: None,
         }
     }
 }
@@ -119,6 +132,7 @@ impl fmt::Debug for S3Options {
             connect_timeout,
             read_timeout,
             ca_bundle,
+            server_side_encryption,
         } = self;
         f.debug_struct("S3Options")
             .field("endpoint", endpoint)
@@ -138,6 +152,7 @@ impl fmt::Debug for S3Options {
                 "ca_bundle",
                 &ca_bundle.as_ref().map(|pem| format!("{} bytes of PEM", pem.len())),
             )
+            .field("server_side_encryption", server_side_encryption)
             .finish()
     }
 }

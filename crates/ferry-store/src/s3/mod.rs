@@ -32,7 +32,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{S3Config, S3Options, StaticCredentials};
+pub use config::{S3Config, S3Options, ServerSideEncryption, StaticCredentials};
 
 use crate::cancel::until_cancelled;
 use crate::{ObjectKey, ObjectMeta, ObjectStore, PutOutcome, StoreError, StoreResult};

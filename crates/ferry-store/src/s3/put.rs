@@ -13,7 +13,7 @@ use futures::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::retry::Backoff;
-use super::{Inner, errors};
+use super::{Inner, ServerSideEncryption, errors};
 use crate::cancel::until_cancelled;
 use crate::{ObjectKey, PutOutcome, StoreResult};
 
@@ -137,6 +137,8 @@ impl Inner {
                 .key(self.s3_key(key))
                 .metadata(WRITER, writer)
                 .if_none_match("*")
+                .set_server_side_encryption(self.sse_algorithm())
+                .set_ssekms_key_id(self.sse_kms_key())
                 .body(ByteStream::from(data.clone()))
                 .send()
                 .await;
@@ -152,6 +154,24 @@ impl Inner {
                 Refusal::Conflict if backoff.pause().await => {}
                 _ => return Err(self.site().error(format!("put {key}"), None, err)),
             }
+        }
+    }
+
+    /// The `x-amz-server-side-encryption` of every write, if one is configured.
+    fn sse_algorithm(&self) -> Option<aws_sdk_s3::types::ServerSideEncryption> {
+        use aws_sdk_s3::types::ServerSideEncryption as Sse;
+        match &self.options.server_side_encryption {
+            None => None,
+            Some(ServerSideEncryption::KmsKey(_)) => Some(Sse::AwsKms),
+            Some(ServerSideEncryption::Algorithm(name)) => Some(Sse::from(name.as_str())),
+        }
+    }
+
+    /// The KMS key of every write, if one is configured.
+    fn sse_kms_key(&self) -> Option<String> {
+        match &self.options.server_side_encryption {
+            Some(ServerSideEncryption::KmsKey(key)) => Some(key.clone()),
+            _ => None,
         }
     }
 
@@ -207,6 +227,8 @@ impl Inner {
             .bucket(&self.bucket)
             .key(self.s3_key(key))
             .metadata(WRITER, writer)
+            .set_server_side_encryption(self.sse_algorithm())
+            .set_ssekms_key_id(self.sse_kms_key())
             .send()
             .await
             .map_err(|e| self.site().error(format!("start upload of {key}"), None, e))?;

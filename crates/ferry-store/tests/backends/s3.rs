@@ -377,3 +377,46 @@ async fn an_object_over_the_cap_is_refused_without_downloading_it() {
     let after_whole = relayed.load(std::sync::atomic::Ordering::SeqCst);
     assert!(after_whole - after_refusal >= size, "the relay counts what it passes on");
 }
+
+/// Velero's `serverSideEncryption` and `kmsKeyId`: every object written, in one part or in
+/// several, asks for that encryption (a bucket policy requiring it would refuse the rest).
+#[tokio::test]
+async fn objects_are_written_with_the_server_side_encryption_asked_for() {
+    use ferry_store::ServerSideEncryption;
+    let moto = MotoServer::shared();
+    let admin = admin_client(&moto.endpoint());
+    let cases = [
+        (ServerSideEncryption::Algorithm("AES256".into()), "AES256", None),
+        (
+            ServerSideEncryption::KmsKey("alias/ferry-backups".into()),
+            "aws:kms",
+            Some("alias/ferry-backups"),
+        ),
+    ];
+    for (sse, algorithm, kms_key) in cases {
+        let bucket = unique_bucket();
+        create_bucket(&admin, &bucket).await;
+        let mut options = s3_options(&moto.endpoint());
+        options.server_side_encryption = Some(sse);
+        options.multipart_threshold = 5 << 20;
+        options.part_size = 5 << 20;
+        let config = S3Config { bucket: bucket.clone(), prefix: String::new(), options };
+        let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+        let (small, large) = (key("small"), key("large"));
+        store.put_if_absent(&small, data(1000, 1), &live()).await.expect("small put");
+        store.put_if_absent(&large, data(11 << 20, 2), &live()).await.expect("multipart put");
+        for k in ["small", "large"] {
+            let head = admin.head_object().bucket(&bucket).key(k).send().await.expect("head");
+            let got = head.server_side_encryption().map(|s| s.as_str().to_owned());
+            assert_eq!(got.as_deref(), Some(algorithm), "{k}");
+            if let Some(kms_key) = kms_key {
+                assert!(
+                    head.ssekms_key_id()
+                        .is_some_and(|id| id.contains(kms_key.trim_start_matches("alias/"))),
+                    "{k}: {:?}",
+                    head.ssekms_key_id()
+                );
+            }
+        }
+    }
+}
