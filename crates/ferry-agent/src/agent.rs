@@ -84,9 +84,12 @@ impl Agent {
             tracker.spawn(async move { live.watch(leases, &data_mover, stop).await });
         }
 
-        let queue = config
-            .prepare_queue_length
-            .map(|limit| PrepareQueue::new(&client, &config.namespace, &config.data_mover, limit));
+        // Controllers first: the prepare queue counts in their caches.
+        let uploads = controller::<DataUpload>(&client, &config.namespace);
+        let downloads = controller::<DataDownload>(&client, &config.namespace);
+        let queue = config.prepare_queue_length.map(|limit| {
+            PrepareQueue::new(uploads.store(), downloads.store(), &config.data_mover, limit)
+        });
         let shared = Shared {
             queue,
             client: client.clone(),
@@ -99,8 +102,8 @@ impl Agent {
             shutdown: shutdown.clone(),
             metrics: Metrics::new(&config.node_name),
         };
-        spawn_controller::<DataUpload>(&shared);
-        spawn_controller::<DataDownload>(&shared);
+        spawn_controller(&shared, uploads);
+        spawn_controller(&shared, downloads);
         tracing::info!(node = %config.node_name, data_mover = %config.data_mover, "agent started");
         Ok(Self { node: config.node_name, metrics: Arc::clone(&shared.metrics), shutdown, tracker })
     }
@@ -155,7 +158,12 @@ struct Shared {
     metrics: Arc<Metrics>,
 }
 
-fn spawn_controller<C: MoverCr>(shared: &Shared) {
+/// The controller of `C`s in `namespace` (its cache is filled once it runs).
+fn controller<C: MoverCr>(client: &kube::Client, namespace: &str) -> Controller<C> {
+    Controller::new(Api::namespaced(client.clone(), namespace), watcher::Config::default())
+}
+
+fn spawn_controller<C: MoverCr>(shared: &Shared, controller: Controller<C>) {
     let api: Api<C> = Api::namespaced(shared.client.clone(), &shared.config.namespace);
     let ctx = Arc::new(Ctx {
         api: api.clone(),
@@ -173,7 +181,7 @@ fn spawn_controller<C: MoverCr>(shared: &Shared) {
     let stop = shared.shutdown.clone();
     let node = shared.config.node_name.clone();
     shared.tracker.spawn(async move {
-        let controller = Controller::new(api, watcher::Config::default())
+        let controller = controller
             .graceful_shutdown_on(stop.clone().cancelled_owned())
             .run(reconcile::<C>, error_policy::<C>, ctx)
             .for_each(|result| {

@@ -85,9 +85,9 @@ pub enum ReconcileError {
         kind: &'static str,
         /// The CR waiting to be accepted.
         name: String,
-        /// The API server's answer.
+        /// Why the caches cannot be counted.
         #[source]
-        source: Box<kube::Error>,
+        source: Box<kube::runtime::reflector::store::WriterDropped>,
     },
     /// Writing Canceled on a CR canceled before any node accepted it failed.
     #[error("canceling new {kind} {name}")]

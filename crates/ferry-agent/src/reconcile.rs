@@ -121,6 +121,9 @@ async fn accept<C: MoverCr>(cr: &Arc<C>, ctx: &Arc<Ctx<C>>) -> Result<Action, Re
     add_finalizer(&mut next);
     match ferry_kube::replace(&ctx.api, &next).await {
         Ok(accepted) => {
+            if let Some(queue) = &ctx.queue {
+                queue.accepted(&**cr);
+            }
             tracing::info!(kind = C::KIND, name = %cr.name_any(), node = ctx.me(), "accepted");
             ctx.events
                 .normal(&accepted, "Accepted", format!("accepted by node {}", ctx.me()))
