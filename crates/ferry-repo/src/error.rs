@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use ferry_store::StoreError;
+use ferry_store::{KmsError, StoreError};
 
 use crate::format::{BlobId, FormatError, SnapshotKind};
 
@@ -28,6 +28,28 @@ pub enum RepoError {
     WrongPassword {
         /// Key files tried.
         tried: usize,
+    },
+    /// No key file opened, and key files wrapped by a KMS key were skipped: the open was given
+    /// no KMS ([`crate::OpenOptions::key_wrapper`]).
+    #[error(
+        "the repository's key files are wrapped by KMS key {}: opening it needs that KMS key as \
+         well as the password, and none was configured",
+        key_ids.join(", ")
+    )]
+    KmsKeyNeeded {
+        /// The KMS keys the skipped key files name.
+        key_ids: Vec<String>,
+    },
+    /// The KMS refused or failed to wrap or unwrap a key file.
+    #[error("{step}{}: {source}", key.as_ref().map(|k| format!(" {k}")).unwrap_or_default())]
+    Kms {
+        /// `unwrap key file`, `wrap a new key file`, ...
+        step: &'static str,
+        /// The key file (`keys/ab12..`); `None` for one not stored yet.
+        key: Option<String>,
+        /// The KMS's error (boxed: it is large, and rare).
+        #[source]
+        source: Box<KmsError>,
     },
     /// A store call failed.
     #[error("{operation} {key}: {source}")]
@@ -227,6 +249,14 @@ impl RepoError {
         matches!(self, Self::Corrupt { .. } | Self::TooLarge { .. })
     }
 
+    /// A KMS error with the key file named; cancellation stays [`RepoError::Cancelled`].
+    pub(crate) fn kms(step: &'static str, key: Option<String>, source: KmsError) -> Self {
+        match source {
+            KmsError::Cancelled => Self::Cancelled,
+            source => Self::Kms { step, key, source: Box::new(source) },
+        }
+    }
+
     /// A decoding error with the object named.
     pub(crate) fn corrupt(object: impl ToString, source: FormatError) -> Self {
         Self::Corrupt { object: object.to_string(), source }
@@ -251,6 +281,10 @@ impl RepoError {
     /// Whether retrying later may succeed.
     #[must_use]
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Store { source, .. } if source.is_retryable())
+        match self {
+            Self::Store { source, .. } => source.is_retryable(),
+            Self::Kms { source, .. } => source.is_retryable(),
+            _ => false,
+        }
     }
 }

@@ -57,7 +57,7 @@ pub use place::Place;
 pub use progress::{Progress, ProgressFn};
 pub use repo::{
     BlobLocation, CacheOptions, InitOptions, InitOutcome, KeyDetails, KeyInfo, MIN_PASSWORD_LEN,
-    RepoStats, Repository, VELERO_DEFAULT_PASSWORD, hostname, weak_password_reason,
+    OpenOptions, RepoStats, Repository, VELERO_DEFAULT_PASSWORD, hostname, weak_password_reason,
 };
 pub use restore::{
     Fidelity, MAX_DEPTH, RestoreOptions, RestoreSummary, Withheld, restore, restore_at,

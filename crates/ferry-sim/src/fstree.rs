@@ -75,10 +75,8 @@ impl FsTree {
             .insert("docs/deep/er/secret".into(), file(b"s3cr3t".to_vec(), 0o600, 1001, t0 + 5));
         // A user's set-user-ID program: restored in agent mode too (root's would be withheld
         // unless the DataDownload asks; see ferry_repo::Fidelity).
-        tree.entries.insert(
-            "run.sh".into(),
-            file(b"#!/bin/sh\necho hi\n".to_vec(), 0o4755, 1000, t0 + 6),
-        );
+        tree.entries
+            .insert("run.sh".into(), file(b"#!/bin/sh\necho hi\n".to_vec(), 0o4755, 1000, t0 + 6));
         let mut big = Vec::with_capacity(1 << 20);
         while big.len() < (1 << 20) {
             big.extend_from_slice(&next().to_le_bytes());

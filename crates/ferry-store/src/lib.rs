@@ -15,6 +15,10 @@
 //! [`AnyStore`] holds any of them (backends are chosen by an enum, not `dyn`), and
 //! [`StoreUrl`] parses `file:///path` and `s3://bucket/prefix` locations.
 //!
+//! Beside storage, [`KeyWrapper`] wraps small secrets with a key management service
+//! ([`AwsKms`], [`MemoryKms`] for tests): the repository's key files can need a KMS key as well
+//! as a password.
+//!
 //! Retries live inside the backend that needs them ([`S3Store`], bounded by
 //! [`S3Options::max_attempts`]), so an error a caller sees has already been retried where
 //! retrying could help; there is no retrying wrapper on top.
@@ -49,6 +53,7 @@ mod faulty;
 mod fs;
 mod hooked;
 mod key;
+mod kms;
 mod memory;
 #[cfg(feature = "s3")]
 mod s3;
@@ -60,6 +65,9 @@ pub use faulty::{FaultConfig, FaultyStore};
 pub use fs::FsStore;
 pub use hooked::{Call, Hook, Hooked};
 pub use key::{InvalidKey, ObjectKey};
+#[cfg(feature = "s3")]
+pub use kms::{AwsKms, KmsOptions};
+pub use kms::{KeyWrapper, KmsError, MemoryKms, WrapContext, Wrapped};
 pub use memory::MemoryStore;
 #[cfg(feature = "s3")]
 pub use s3::{S3Config, S3Options, S3Store, ServerSideEncryption, StaticCredentials};

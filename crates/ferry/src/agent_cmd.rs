@@ -181,6 +181,7 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
                 password_file: args.password_file.clone(),
                 s3_endpoint: args.s3_endpoint.clone(),
                 s3_region: args.s3_region.clone(),
+                kms: crate::cli::KmsArgs::default(),
                 // The agent keeps a cache only where it is told to (a bounded volume).
                 cache: crate::cli::CacheArgs {
                     no_cache: args.cache.no_cache || args.cache.cache_dir.is_none(),

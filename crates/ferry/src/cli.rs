@@ -169,7 +169,29 @@ pub struct RepoArgs {
     #[arg(long, env = "FERRY_S3_REGION")]
     pub s3_region: Option<String>,
     #[command(flatten)]
+    pub kms: KmsArgs,
+    #[command(flatten)]
     pub cache: CacheArgs,
+}
+
+/// AWS KMS wrapping of the repository's key files, on top of the password.
+#[derive(Debug, Clone, Default, Args)]
+pub struct KmsArgs {
+    /// An AWS KMS key (key id, key ARN, `alias/NAME` or alias ARN) that wraps the repository's
+    /// key files as well as the password. `repo init` then creates a repository that opens
+    /// only with kms:Decrypt on this key, and key files written later (`repo passwd`, `repo
+    /// key add`) are wrapped by it too. Needed to open a repository whose key files a KMS key
+    /// wraps (the key files name their key: any of the repository's keys is then decrypted
+    /// with its own).
+    #[arg(long, env = "FERRY_KMS_KEY_ID", value_name = "KEY")]
+    pub kms_key_id: Option<String>,
+    /// KMS endpoint URL for a KMS-compatible service (with --kms-key-id).
+    #[arg(long, env = "FERRY_KMS_ENDPOINT", value_name = "URL")]
+    pub kms_endpoint: Option<String>,
+    /// KMS region for a key id or alias that is no ARN (an ARN's own region is used); else
+    /// --s3-region, else from the AWS environment.
+    #[arg(long, env = "FERRY_KMS_REGION", value_name = "REGION")]
+    pub kms_region: Option<String>,
 }
 
 /// The local cache of index files, snapshot manifests and tree packs.

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use ferry_repo::Repository;
+use ferry_repo::{OpenOptions, Repository};
 use ferry_store::{ObjectKey, ObjectMeta, ObjectStore, PutOutcome, StoreError, StoreUrl};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -108,13 +108,16 @@ pub async fn move_repo(
     let from = repo_cmds::open_store(args).await?;
     let to_args = RepoArgs { repo: to_url.to_owned(), ..args.clone() };
     let to = repo_cmds::open_store(&to_args).await?;
+    // A repository under KMS opens only with its key wrapper.
+    let opening =
+        OpenOptions { key_wrapper: repo_cmds::key_wrapper(args).await?, ..OpenOptions::default() };
 
     let listed = list_all(&*from, cancel).await?;
     let config = ObjectKey::new(CONFIG)?;
     let has_config = listed.iter().any(|m| m.key == config);
     if has_config {
         // A wrong password fails here, before anything is copied.
-        Repository::open(Arc::clone(&from), &password, cancel)
+        Repository::open_with(Arc::clone(&from), &password, &opening, cancel)
             .await
             .with_context(|| format!("opening repository {}", args.repo))?;
         // Another repository at the destination is refused before anything is copied.
@@ -126,9 +129,9 @@ pub async fn move_repo(
         }
     } else if listed.is_empty() {
         // Nothing left here: a finished move, or no repository at all.
-        Repository::open(Arc::clone(&to), &password, cancel).await.with_context(|| {
-            format!("{} holds nothing; and opening the repository at {to_url}", args.repo)
-        })?;
+        Repository::open_with(Arc::clone(&to), &password, &opening, cancel).await.with_context(
+            || format!("{} holds nothing; and opening the repository at {to_url}", args.repo),
+        )?;
         println!("{} is empty; the repository is at {to_url}", args.repo);
         return Ok(());
     } else if to.head(&config, cancel).await?.is_none() {
@@ -147,7 +150,7 @@ pub async fn move_repo(
     for key in last {
         copied += copy(key).await?;
     }
-    Repository::open(Arc::clone(&to), &password, cancel)
+    Repository::open_with(Arc::clone(&to), &password, &opening, cancel)
         .await
         .with_context(|| format!("opening the copy at {to_url}; nothing was deleted"))?;
 

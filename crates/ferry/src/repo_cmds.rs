@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use ferry_repo::{
-    BackupOptions, CacheOptions, InitOptions, InitOutcome, Repository, RestoreOptions, Snapshot,
-    SnapshotId, SnapshotKind,
+    BackupOptions, CacheOptions, InitOptions, InitOutcome, OpenOptions, RepoError, Repository,
+    RestoreOptions, Snapshot, SnapshotId, SnapshotKind,
 };
-use ferry_store::{AnyStore, ObjectStore, S3Options, StoreUrl};
+use ferry_store::{AnyStore, AwsKms, KeyWrapper, KmsOptions, ObjectStore, S3Options, StoreUrl};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -30,6 +30,24 @@ pub(crate) async fn open_store(args: &RepoArgs) -> anyhow::Result<Arc<dyn Object
     Ok(Arc::new(store))
 }
 
+/// The KMS `--kms-key-id` asks for, if any: it wraps new key files and unwraps the
+/// repository's KMS-wrapped ones (each with the key it names). Makes no call to KMS yet.
+pub(crate) async fn key_wrapper(args: &RepoArgs) -> anyhow::Result<Option<Arc<dyn KeyWrapper>>> {
+    let Some(key_id) = &args.kms.kms_key_id else {
+        if args.kms.kms_endpoint.is_some() || args.kms.kms_region.is_some() {
+            anyhow::bail!("--kms-endpoint and --kms-region need --kms-key-id (FERRY_KMS_KEY_ID)");
+        }
+        return Ok(None);
+    };
+    let options = KmsOptions {
+        endpoint: args.kms.kms_endpoint.clone(),
+        region: args.kms.kms_region.clone().or_else(|| args.s3_region.clone()),
+        ..KmsOptions::new(key_id.clone())
+    };
+    let kms = AwsKms::new(options).await.with_context(|| format!("setting up KMS key {key_id}"))?;
+    Ok(Some(Arc::new(kms)))
+}
+
 /// Opens the repository, with the local cache the arguments ask for.
 pub(crate) async fn open_repo(
     args: &RepoArgs,
@@ -49,9 +67,12 @@ pub(crate) async fn open_repo_uncached(
 ) -> anyhow::Result<Repository> {
     let password = password::read(args.password_file.as_deref())?;
     let store = open_store(args).await?;
-    Repository::open(store, &password, cancel)
-        .await
-        .with_context(|| format!("opening repository {}", args.repo))
+    let options = OpenOptions { hint: None, key_wrapper: key_wrapper(args).await? };
+    Repository::open_with(store, &password, &options, cancel).await.map_err(|e| {
+        let needs_kms = matches!(e, RepoError::KmsKeyNeeded { .. });
+        let how = if needs_kms { " (give --kms-key-id or FERRY_KMS_KEY_ID)" } else { "" };
+        anyhow::Error::new(e).context(format!("opening repository {}{how}", args.repo))
+    })
 }
 
 /// Where the cache of `url`'s repository goes: `--cache-dir`, else the user's cache folder
@@ -79,7 +100,11 @@ pub async fn init(
             .with_context(|| format!("creating repository directory {}", root.display()))?;
     }
     let store = open_store(args).await?;
-    let mut options = InitOptions { refuse_weak_password: true, ..InitOptions::default() };
+    let mut options = InitOptions {
+        refuse_weak_password: true,
+        key_wrapper: key_wrapper(args).await?,
+        ..InitOptions::default()
+    };
     if let Some(mib) = pack_size_mib {
         options.packs.target_size = mib << 20;
     }
@@ -87,7 +112,13 @@ pub async fn init(
         .await
         .with_context(|| format!("initialising repository {}", args.repo))?;
     match outcome {
-        InitOutcome::Created => println!("created repository {}", args.repo),
+        InitOutcome::Created => match repo.kms_key_id() {
+            Some(kms) => println!(
+                "created repository {}: opening it needs the password and KMS key {kms}",
+                args.repo
+            ),
+            None => println!("created repository {}", args.repo),
+        },
         InitOutcome::AlreadyExisted => {
             println!("repository {} already exists; opened it", args.repo);
             let existing = repo.config().packs.target_size;

@@ -24,7 +24,10 @@ pub use crypto::{Cipher, NONCE_LEN, TAG_LEN};
 pub(crate) use ids::content_address;
 pub use ids::{BlobId, IndexId, KeyId, PackId, SnapshotId};
 pub use index_file::{IndexEntry, IndexFile, IndexPack};
-pub use keys::{KdfParams, KeyFile, KeyWrap, MasterKey, RepoKeys};
+pub use keys::{
+    KMS_CONTEXT, KdfParams, KeyFile, KeyWrap, MAX_KMS_BLOB_BYTES, MAX_KMS_KEY_ID_BYTES, MasterKey,
+    PasswordSeal, RepoKeys,
+};
 pub use pack::{
     PackBuilder, PackEntry, PackHeader, SealedPack, header_length, open_blob, read_pack_header,
     seal_blob,

@@ -1,5 +1,8 @@
 //! Key files: which passwords open the repository, and adding, removing and changing them
-//! without rewriting any data (each key file wraps the same master key).
+//! without rewriting any data (each key file wraps the same master key). A handle given a KMS
+//! ([`super::OpenOptions::key_wrapper`], [`super::InitOptions::key_wrapper`]) writes key files
+//! wrapped by its KMS key as well as the password, so a repository opened through a KMS stays
+//! protected by one.
 //!
 //! Key management is an administrator's operation. Removing a key is not atomic with the
 //! check that another key remains: two people removing each other's keys at the same moment
@@ -11,9 +14,10 @@ use futures::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::capped::{self, Limit};
-use super::{LOAD_CONCURRENCY, Repository, blocking, layout, wrap_key};
+use super::open::{Refusal, unwrap_key_file};
+use super::{LOAD_CONCURRENCY, Repository, layout, wrap_key};
 use crate::error::{RepoError, RepoResult};
-use crate::format::{KdfParams, KeyFile, KeyId, KeyWrap};
+use crate::format::{KdfParams, KeyFile, KeyId};
 
 /// One key file, as [`Repository::key_files`] lists it.
 #[derive(Debug, Clone)]
@@ -35,12 +39,18 @@ pub struct KeyDetails {
     pub hostname: String,
     /// The argon2id costs of its password.
     pub kdf: KdfParams,
+    /// The KMS key that wraps it as well as the password; `None` for a password-only key.
+    pub kms_key_id: Option<String>,
 }
 
 impl From<&KeyFile> for KeyDetails {
     fn from(file: &KeyFile) -> Self {
-        let KeyWrap::Password { kdf, .. } = &file.wrap;
-        Self { created_unix: file.created_unix, hostname: file.hostname.clone(), kdf: *kdf }
+        Self {
+            created_unix: file.created_unix,
+            hostname: file.hostname.clone(),
+            kdf: *file.kdf(),
+            kms_key_id: file.kms_layer().map(|(id, _)| id.to_owned()),
+        }
     }
 }
 
@@ -117,17 +127,26 @@ impl Repository {
         }
     }
 
-    /// Adds a key file so `password` also opens the repository. No data is rewritten.
+    /// The KMS key new key files of this handle are wrapped by as well as the password
+    /// (as configured: an alias stays an alias); `None` when it was given no KMS.
+    #[must_use]
+    pub fn kms_key_id(&self) -> Option<&str> {
+        self.inner.key_wrapper.as_deref().map(|kms| kms.key_id())
+    }
+
+    /// Adds a key file so `password` also opens the repository. No data is rewritten. With a
+    /// KMS ([`Repository::kms_key_id`]) the key file is wrapped by its key too.
     ///
     /// # Errors
-    /// Invalid `kdf`; store failures.
+    /// Invalid `kdf`; [`RepoError::Kms`] when the KMS refuses; store failures.
     pub async fn add_password(
         &self,
         password: &[u8],
         kdf: KdfParams,
         cancel: &CancellationToken,
     ) -> RepoResult<KeyId> {
-        let (id, bytes) = wrap_key(&self.inner.master, password, kdf).await?;
+        let wrapper = self.inner.key_wrapper.as_deref();
+        let (id, bytes) = wrap_key(&self.inner.master, password, kdf, wrapper, cancel).await?;
         let key = layout::key_file(&id)?;
         self.store()
             .put_if_absent(&key, Bytes::from(bytes), cancel)
@@ -184,11 +203,14 @@ impl Repository {
     /// Changes the password this handle was opened with: stores a key file for
     /// `new_password`, reads it back and proves it opens the repository, then removes the old
     /// key file. Other key files are untouched. Returns the new key's id; this handle then
-    /// counts as opened with it.
+    /// counts as opened with it. With a KMS ([`Repository::kms_key_id`]) the new key file is
+    /// wrapped by its key too, and proving it includes a KMS `Decrypt`: so this also moves a
+    /// key file to another KMS key, or puts a password-only one under a KMS key.
     ///
     /// # Errors
-    /// Invalid `kdf`; store failures before the new key is proven (the old password still
-    /// works); [`RepoError::OldKeyKept`] when only removing the old key failed.
+    /// Invalid `kdf`; [`RepoError::Kms`] or store failures before the new key is proven (the
+    /// old password still works); [`RepoError::OldKeyKept`] when only removing the old key
+    /// failed.
     pub async fn change_password(
         &self,
         new_password: &[u8],
@@ -227,8 +249,9 @@ impl Repository {
         Ok(new)
     }
 
-    /// Reads the key file at `key` back and checks that `password` unwraps this repository's
-    /// master key from it; returns its bytes.
+    /// Reads the key file at `key` back and checks that `password` (and this handle's KMS,
+    /// for a KMS-wrapped file) unwraps this repository's master key from it; returns its
+    /// bytes.
     async fn prove_key(
         &self,
         key: &ferry_store::ObjectKey,
@@ -239,10 +262,17 @@ impl Repository {
             capped::read(self.store().as_ref(), key, Limit::KEY_FILE, "read back key file", cancel);
         let stored = read.await?;
         let file = KeyFile::decode(&stored).map_err(|e| RepoError::corrupt(key, e))?;
-        let password = password.to_vec();
-        let master = blocking(move || file.unwrap_with_password(&password))
-            .await?
-            .map_err(|e| RepoError::corrupt(key, e))?;
+        let wrapper = self.inner.key_wrapper.as_deref();
+        let master = match unwrap_key_file(file, password, wrapper, cancel).await? {
+            Ok(master) => master,
+            Err(Refusal::Password(e)) => return Err(RepoError::corrupt(key, e)),
+            Err(Refusal::Kms(e)) => {
+                return Err(RepoError::kms("read back key file", Some(key.to_string()), e));
+            }
+            Err(Refusal::NoKms(kms_key_id)) => {
+                return Err(RepoError::KmsKeyNeeded { key_ids: vec![kms_key_id] });
+            }
+        };
         if master != self.inner.master {
             return Err(RepoError::Internal {
                 what: "password change",

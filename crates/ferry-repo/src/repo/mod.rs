@@ -15,14 +15,14 @@ pub(crate) mod writer;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferry_store::{ObjectStore, PutOutcome, StoreError};
+use ferry_store::{KeyWrapper, ObjectStore, PutOutcome, StoreError};
 use futures::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
-    BlobId, Chunker, ChunkerParams, Config, IndexFile, IndexId, KdfParams, KeyFile, KeyId,
-    MasterKey, ObjectKind, PackParams, RepoKeys, TreePage, content_address, open_blob,
+    BlobId, Chunker, ChunkerParams, Config, IndexFile, IndexId, KMS_CONTEXT, KdfParams, KeyFile,
+    KeyId, MasterKey, ObjectKind, PackParams, RepoKeys, TreePage, content_address, open_blob,
 };
 use cache::PackCache;
 use capped::Limit;
@@ -31,6 +31,7 @@ use disk_cache::{Cached, DiskCache};
 pub use index::BlobLocation;
 pub(crate) use index::MemIndex;
 pub use keys::{KeyDetails, KeyInfo};
+pub use open::OpenOptions;
 pub use password_policy::{MIN_PASSWORD_LEN, VELERO_DEFAULT_PASSWORD, weak_password_reason};
 pub use stats::RepoStats;
 
@@ -50,6 +51,10 @@ pub struct InitOptions {
     /// opening an existing one is unaffected. Off by default for library use and tests;
     /// `ferry repo init` and the agent set it.
     pub refuse_weak_password: bool,
+    /// A KMS whose key ([`KeyWrapper::key_id`]) wraps the first key file as well as the
+    /// password, so that opening the repository needs both. Also used to open the repository
+    /// when it exists already (see [`OpenOptions::key_wrapper`]).
+    pub key_wrapper: Option<Arc<dyn KeyWrapper>>,
 }
 
 /// Whether [`Repository::init`] created the repository.
@@ -77,6 +82,8 @@ struct Inner {
     own_key: std::sync::Mutex<(KeyId, Bytes)>,
     /// Key files the open that made this handle tried (each an argon2 derivation).
     key_files_tried: usize,
+    /// The KMS this handle was opened or created with; key files it writes are wrapped by it.
+    key_wrapper: Option<Arc<dyn KeyWrapper>>,
     config: Config,
     chunker: Chunker,
     index: tokio::sync::Mutex<Option<Arc<MemIndex>>>,
@@ -121,7 +128,8 @@ impl Repository {
     /// # Errors
     /// Store failures; [`RepoError::WrongPassword`] when the repository exists (or a racing
     /// node created it) under another password; [`RepoError::InvalidInput`] when it would be
-    /// created with a weak password and [`InitOptions::refuse_weak_password`] is set.
+    /// created with a weak password and [`InitOptions::refuse_weak_password`] is set;
+    /// [`RepoError::Kms`] when the KMS of [`InitOptions::key_wrapper`] refuses.
     pub async fn init(
         store: Arc<dyn ObjectStore>,
         password: &[u8],
@@ -129,13 +137,15 @@ impl Repository {
         cancel: &CancellationToken,
     ) -> RepoResult<(Self, InitOutcome)> {
         let config_key = layout::config()?;
+        let open = OpenOptions { hint: None, key_wrapper: options.key_wrapper.clone() };
         if store
             .head(&config_key, cancel)
             .await
             .map_err(|e| RepoError::store("look for", &config_key, e))?
             .is_some()
         {
-            return Ok((Self::open(store, password, cancel).await?, InitOutcome::AlreadyExisted));
+            let repo = Self::open_with(store, password, &open, cancel).await?;
+            return Ok((repo, InitOutcome::AlreadyExisted));
         }
         if options.refuse_weak_password
             && let Some(reason) = weak_password_reason(password)
@@ -155,7 +165,8 @@ impl Repository {
             .validate()
             .map_err(|e| RepoError::InvalidInput { what: "init options", reason: e.to_string() })?;
         let master = MasterKey::generate();
-        let (key_id, key_bytes) = wrap_key(&master, password, options.kdf).await?;
+        let wrapper = options.key_wrapper.as_deref();
+        let (key_id, key_bytes) = wrap_key(&master, password, options.kdf, wrapper, cancel).await?;
         let key_key = layout::key_file(&key_id)?;
         store
             .put_if_absent(&key_key, Bytes::from(key_bytes.clone()), cancel)
@@ -169,25 +180,29 @@ impl Repository {
         match outcome {
             PutOutcome::Created => {
                 let own_key = (key_id, Bytes::from(key_bytes));
-                Ok((Self::assemble(store, master, own_key, config, 0)?, InitOutcome::Created))
+                let wrapper = options.key_wrapper.clone();
+                let repo = Self::assemble(store, master, own_key, config, 0, wrapper)?;
+                Ok((repo, InitOutcome::Created))
             }
             PutOutcome::AlreadyExists => {
                 // Lost the race: our key file wraps a key no config uses. Remove it (a leftover
                 // would be harmless: open skips keys that do not decrypt the config).
                 let _ = store.delete(&key_key, cancel).await;
-                Ok((Self::open(store, password, cancel).await?, InitOutcome::AlreadyExisted))
+                let repo = Self::open_with(store, password, &open, cancel).await?;
+                Ok((repo, InitOutcome::AlreadyExisted))
             }
         }
     }
 
     /// A handle on an opened or created repository; `key_files_tried` is the number of key
-    /// derivations the open needed.
+    /// derivations the open needed, `key_wrapper` the KMS it was given.
     fn assemble(
         store: Arc<dyn ObjectStore>,
         master: MasterKey,
         own_key: (KeyId, Bytes),
         config: Config,
         key_files_tried: usize,
+        key_wrapper: Option<Arc<dyn KeyWrapper>>,
     ) -> RepoResult<Self> {
         let keys = master.derive();
         let chunker = Chunker::new(config.chunker, keys.gear())
@@ -199,6 +214,7 @@ impl Repository {
                 master,
                 own_key: std::sync::Mutex::new(own_key),
                 key_files_tried,
+                key_wrapper,
                 config,
                 chunker,
                 index: tokio::sync::Mutex::new(None),
@@ -521,21 +537,49 @@ impl Repository {
         Ok(self.index(cancel).await?.lookup(id))
     }
 }
+
+/// A new key file wrapping `master` under `password`, and under `wrapper`'s KMS key as well
+/// when there is one: its id and bytes.
 async fn wrap_key(
     master: &MasterKey,
     password: &[u8],
     kdf: KdfParams,
+    wrapper: Option<&dyn KeyWrapper>,
+    cancel: &CancellationToken,
 ) -> RepoResult<(KeyId, Vec<u8>)> {
-    let (master, password) = (master.clone(), password.to_vec());
-    let file = blocking(move || {
-        KeyFile::wrap_with_password(&master, &password, kdf, hostname(), unix_now())
-    })
-    .await?
-    .map_err(|e| RepoError::InvalidInput {
-        what: "key derivation parameters",
+    let invalid = |what, e: crate::format::FormatError| RepoError::InvalidInput {
+        what,
         reason: e.to_string(),
-    })?;
+    };
+    let (master, password) = (master.clone(), password.to_vec());
+    let file = match wrapper {
+        None => blocking(move || {
+            KeyFile::wrap_with_password(&master, &password, kdf, hostname(), unix_now())
+        })
+        .await?
+        .map_err(|e| invalid("key derivation parameters", e))?,
+        Some(kms) => {
+            let seal = blocking(move || KeyFile::seal_for_kms(&master, &password, kdf))
+                .await?
+                .map_err(|e| invalid("key derivation parameters", e))?;
+            let wrapped = (kms.wrap(&seal.sealed, KMS_CONTEXT, cancel).await)
+                .map_err(|e| RepoError::kms("wrap a new key file", None, e))?;
+            seal.into_key_file(wrapped.key_id, wrapped.blob, hostname(), unix_now())
+                .map_err(|e| invalid("KMS answer", e))?
+        }
+    };
     let bytes = file.encode();
+    // Writers refuse what readers would.
+    if bytes.len() as u64 > crate::format::limits::MAX_KEY_FILE_BYTES {
+        return Err(RepoError::InvalidInput {
+            what: "key file",
+            reason: format!(
+                "{} bytes, more than the {} bytes readers accept (a very long KMS key id?)",
+                bytes.len(),
+                crate::format::limits::MAX_KEY_FILE_BYTES
+            ),
+        });
+    }
     Ok((KeyId(content_address(&bytes)), bytes))
 }
 

@@ -6,18 +6,37 @@
 //! repository last time ([`Repository::key_id`]) passes it as a hint: that file is read and
 //! tried first, without even listing `keys/`, and only if it no longer opens the repository
 //! are the others tried.
+//!
+//! A key file wrapped by a KMS key as well ([`crate::format::KeyWrap::PasswordAndKms`]) costs
+//! a KMS `Decrypt` before its derivation, and opens only when the open was given a KMS
+//! ([`OpenOptions::key_wrapper`]); without one it is skipped, and if nothing else opens, the
+//! error names the KMS key it needs rather than calling the password wrong.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferry_store::{ObjectKey, ObjectStore, StoreError};
+use ferry_store::{KeyWrapper, KmsError, ObjectKey, ObjectStore, StoreError};
 use tokio_util::sync::CancellationToken;
 
 use super::capped::{self, Limit};
 use super::{Repository, blocking, layout};
 use crate::error::{RepoError, RepoResult};
 use crate::format::limits::MAX_KEY_FILE_BYTES;
-use crate::format::{Config, FormatError, KeyFile, KeyId, MasterKey};
+use crate::format::{Config, FormatError, KMS_CONTEXT, KeyFile, KeyId, MasterKey};
+
+/// Options for [`Repository::open_with`].
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// The key file to try first, typically the [`Repository::key_id`] of an earlier open
+    /// with the same password (see [`Repository::open_with_hint`]).
+    pub hint: Option<KeyId>,
+    /// The KMS that unwraps key files wrapped by a KMS key. Without one such key files are
+    /// skipped. The handle keeps it: key files it writes later ([`Repository::add_password`],
+    /// [`Repository::change_password`]) are wrapped by its key
+    /// ([`KeyWrapper::key_id`]) too.
+    pub key_wrapper: Option<Arc<dyn KeyWrapper>>,
+}
 
 /// What a key file that opens the repository gave.
 struct Unlocked {
@@ -29,18 +48,20 @@ struct Unlocked {
 impl Repository {
     /// Opens the repository in `store` with `password`, trying the key files in listing
     /// order. Objects under `keys/` larger than [`MAX_KEY_FILE_BYTES`] are skipped without
-    /// being downloaded.
+    /// being downloaded. Key files wrapped by a KMS key are skipped too: open those with
+    /// [`Repository::open_with`].
     ///
     /// # Errors
     /// [`RepoError::NotFound`] when there is no repository, [`RepoError::WrongPassword`] when no
-    /// key file opens with `password`, [`RepoError::TooLarge`] for a `config` larger than any
-    /// config, [`RepoError::Corrupt`] for a damaged config, store failures.
+    /// key file opens with `password`, [`RepoError::KmsKeyNeeded`] when none does but some
+    /// need a KMS, [`RepoError::TooLarge`] for a `config` larger than any config,
+    /// [`RepoError::Corrupt`] for a damaged config, store failures.
     pub async fn open(
         store: Arc<dyn ObjectStore>,
         password: &[u8],
         cancel: &CancellationToken,
     ) -> RepoResult<Self> {
-        Self::open_with_hint(store, password, None, cancel).await
+        Self::open_with(store, password, &OpenOptions::default(), cancel).await
     }
 
     /// As [`Repository::open`], trying the key file `hint` first (typically the
@@ -57,14 +78,55 @@ impl Repository {
         hint: Option<KeyId>,
         cancel: &CancellationToken,
     ) -> RepoResult<Self> {
+        let options = OpenOptions { hint, ..OpenOptions::default() };
+        Self::open_with(store, password, &options, cancel).await
+    }
+
+    /// Opens the repository with `password` and `options`: the hint first, as
+    /// [`Repository::open_with_hint`] does, and key files wrapped by a KMS key through
+    /// [`OpenOptions::key_wrapper`].
+    ///
+    /// A KMS that refuses one key file (access denied, a disabled key, a damaged blob) does
+    /// not stop the others being tried; one that cannot be reached does (that is worth
+    /// retrying, not reporting as a wrong password).
+    ///
+    /// # Errors
+    /// As [`Repository::open`]; [`RepoError::Kms`] when no key file opens and the KMS
+    /// refused one (a refusal says more than "wrong password"), or at once when the KMS is
+    /// unreachable.
+    pub async fn open_with(
+        store: Arc<dyn ObjectStore>,
+        password: &[u8],
+        options: &OpenOptions,
+        cancel: &CancellationToken,
+    ) -> RepoResult<Self> {
         let config_bytes = read_config(store.as_ref(), cancel).await?;
-        let mut tried = 0;
+        let mut search = Search {
+            store: store.as_ref(),
+            password,
+            config_bytes: &config_bytes,
+            wrapper: options.key_wrapper.as_deref(),
+            cancel,
+            tried: 0,
+            kms_needed: BTreeSet::new(),
+            kms_refused: None,
+        };
+        let hint = options.hint;
+        let assemble = |found: Unlocked, id: KeyId, tried: usize| {
+            let wrapper = options.key_wrapper.clone();
+            Self::assemble(
+                store.clone(),
+                found.master,
+                (id, found.bytes),
+                found.config,
+                tried,
+                wrapper,
+            )
+        };
         if let Some(id) = hint {
             let key = layout::key_file(&id)?;
-            if let Some(found) =
-                try_key(store.as_ref(), &key, password, &config_bytes, &mut tried, cancel).await?
-            {
-                return Self::assemble(store, found.master, (id, found.bytes), found.config, tried);
+            if let Some(found) = search.try_key(&key).await? {
+                return assemble(found, id, search.tried);
             }
         }
         let listed = store
@@ -80,14 +142,117 @@ impl Repository {
             if meta.size > MAX_KEY_FILE_BYTES || hint == Some(id) {
                 continue;
             }
-            if let Some(found) =
-                try_key(store.as_ref(), &meta.key, password, &config_bytes, &mut tried, cancel)
-                    .await?
-            {
-                return Self::assemble(store, found.master, (id, found.bytes), found.config, tried);
+            if let Some(found) = search.try_key(&meta.key).await? {
+                return assemble(found, id, search.tried);
             }
         }
-        Err(RepoError::WrongPassword { tried })
+        Err(search.failure())
+    }
+}
+
+/// Why a key file gave no master key.
+pub(super) enum Refusal {
+    /// The password does not open it (or it is damaged).
+    Password(FormatError),
+    /// It is wrapped by this KMS key, and no KMS was given.
+    NoKms(String),
+    /// The KMS refused or failed to unwrap it.
+    Kms(KmsError),
+}
+
+/// Unwraps the master key from `file` with `password`, through `wrapper` when the file is
+/// wrapped by a KMS key. The outer error is only for cancellation and internal failures.
+pub(super) async fn unwrap_key_file(
+    file: KeyFile,
+    password: &[u8],
+    wrapper: Option<&dyn KeyWrapper>,
+    cancel: &CancellationToken,
+) -> RepoResult<Result<MasterKey, Refusal>> {
+    let password = password.to_vec();
+    let Some((key_id, blob)) = file.kms_layer() else {
+        return Ok(blocking(move || file.unwrap_with_password(&password))
+            .await?
+            .map_err(Refusal::Password));
+    };
+    let Some(kms) = wrapper else { return Ok(Err(Refusal::NoKms(key_id.to_owned()))) };
+    let sealed = match kms.unwrap(key_id, blob, KMS_CONTEXT, cancel).await {
+        Ok(sealed) => sealed,
+        Err(KmsError::Cancelled) => return Err(RepoError::Cancelled),
+        Err(e) => return Ok(Err(Refusal::Kms(e))),
+    };
+    Ok(blocking(move || file.unwrap_after_kms(&sealed, &password))
+        .await?
+        .map_err(Refusal::Password))
+}
+
+/// The state of one open's search for a key file that opens the repository.
+struct Search<'a> {
+    store: &'a dyn ObjectStore,
+    password: &'a [u8],
+    config_bytes: &'a Bytes,
+    wrapper: Option<&'a dyn KeyWrapper>,
+    cancel: &'a CancellationToken,
+    /// Key derivations made.
+    tried: usize,
+    /// KMS keys of key files skipped for want of a KMS.
+    kms_needed: BTreeSet<String>,
+    /// The first refusal of the KMS.
+    kms_refused: Option<RepoError>,
+}
+
+impl Search<'_> {
+    /// Tries the key file at `key`. `None` when it does not open the repository: gone,
+    /// larger than a key file, not a key file, a wrong password, a KMS that is not given or
+    /// refuses, or a key that does not authenticate the config (a leftover of a lost `init`
+    /// race).
+    async fn try_key(&mut self, key: &ObjectKey) -> RepoResult<Option<Unlocked>> {
+        let read = capped::read(self.store, key, Limit::KEY_FILE, "read key file", self.cancel);
+        let bytes = match read.await {
+            Ok(bytes) => bytes,
+            // Removed since the listing (or, for a hint, since the open that gave it): a node
+            // that lost an init race, or `repo key remove`. Either way it does not open this
+            // repository; nor does an object that is no key file.
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(RepoError::TooLarge { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Ok(file) = KeyFile::decode(&bytes) else { return Ok(None) };
+        let master = match unwrap_key_file(file, self.password, self.wrapper, self.cancel).await? {
+            Ok(master) => master,
+            Err(Refusal::Password(_)) => {
+                self.tried += 1;
+                return Ok(None);
+            }
+            Err(Refusal::NoKms(kms_key_id)) => {
+                self.kms_needed.insert(kms_key_id);
+                return Ok(None);
+            }
+            Err(Refusal::Kms(e)) => {
+                let e = RepoError::kms("unwrap key file", Some(key.to_string()), e);
+                if e.is_retryable() {
+                    return Err(e);
+                }
+                self.kms_refused.get_or_insert(e);
+                return Ok(None);
+            }
+        };
+        self.tried += 1;
+        match Config::decode(&master.derive().cipher, self.config_bytes) {
+            Ok(config) => Ok(Some(Unlocked { master, config, bytes })),
+            Err(FormatError::Authentication) => Ok(None),
+            Err(e) => Err(RepoError::corrupt("config", e)),
+        }
+    }
+
+    /// Why no key file opened: the KMS's refusal, else the KMS keys needed, else the password.
+    fn failure(self) -> RepoError {
+        if let Some(refused) = self.kms_refused {
+            return refused;
+        }
+        if !self.kms_needed.is_empty() {
+            return RepoError::KmsKeyNeeded { key_ids: self.kms_needed.into_iter().collect() };
+        }
+        RepoError::WrongPassword { tried: self.tried }
     }
 }
 
@@ -100,39 +265,5 @@ async fn read_config(store: &dyn ObjectStore, cancel: &CancellationToken) -> Rep
             ..
         }) => Err(RepoError::NotFound { location: store.location() }),
         other => other,
-    }
-}
-
-/// Tries the key file at `key` with `password` against `config_bytes`. `None` when it does
-/// not open the repository: gone, larger than a key file, not a key file, a wrong password,
-/// or a key that does not authenticate the config (a leftover of a lost `init` race).
-/// `tried` counts the key derivations.
-async fn try_key(
-    store: &dyn ObjectStore,
-    key: &ObjectKey,
-    password: &[u8],
-    config_bytes: &Bytes,
-    tried: &mut usize,
-    cancel: &CancellationToken,
-) -> RepoResult<Option<Unlocked>> {
-    let bytes = match capped::read(store, key, Limit::KEY_FILE, "read key file", cancel).await {
-        Ok(bytes) => bytes,
-        // Removed since the listing (or, for a hint, since the open that gave it): a node
-        // that lost an init race, or `repo key remove`. Either way it does not open this
-        // repository; nor does an object that is no key file.
-        Err(e) if e.is_not_found() => return Ok(None),
-        Err(RepoError::TooLarge { .. }) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let Ok(file) = KeyFile::decode(&bytes) else { return Ok(None) };
-    *tried += 1;
-    let pw = password.to_vec();
-    let Ok(master) = blocking(move || file.unwrap_with_password(&pw)).await? else {
-        return Ok(None);
-    };
-    match Config::decode(&master.derive().cipher, config_bytes) {
-        Ok(config) => Ok(Some(Unlocked { master, config, bytes })),
-        Err(FormatError::Authentication) => Ok(None),
-        Err(e) => Err(RepoError::corrupt("config", e)),
     }
 }
