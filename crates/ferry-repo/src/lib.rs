@@ -47,6 +47,7 @@ mod progress;
 mod repo;
 mod restore;
 mod sys;
+pub mod thread_budget;
 mod volume;
 
 pub use backup::{BackupOptions, BackupSummary, backup_tree, backup_tree_at};

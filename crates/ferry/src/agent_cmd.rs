@@ -292,6 +292,8 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
         server_stop.clone(),
     ));
     tracing::info!(node = %args.node_name, "agent running");
+    // Per data movement; the limit is the pod's (read again by each movement).
+    tracing::info!(threads = %ferry_repo::thread_budget::default_threads(), "data-path threads");
     eprintln!(
         "ferry agent: running on node {} (namespace {}); metrics and health on {}",
         args.node_name, args.namespace, args.metrics_address

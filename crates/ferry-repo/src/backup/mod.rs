@@ -49,7 +49,8 @@ pub struct BackupOptions {
     pub hostname: Option<String>,
     /// zstd level for file data (0: no compression).
     pub compression_level: i32,
-    /// File reader threads; 0 picks one per core plus one.
+    /// File reader threads; 0 picks one per core plus one, fewer under a tight memory limit
+    /// ([`crate::thread_budget::default_threads`]).
     pub threads: usize,
     /// Glob patterns of entries to leave out (see `exclude.rs`): a name at any depth
     /// (`*.log`), or a path from the root (`/tmp`, `cache/**`).
@@ -223,11 +224,7 @@ async fn backup_leased(
             .map(|p| Timestamp { sec: p.time.sec.saturating_sub(RACY_MARGIN), nsec: p.time.nsec }),
     });
     let floor = parent.as_ref().map_or(0, |p| p.summary.bytes_total);
-    let threads = if options.threads == 0 {
-        std::thread::available_parallelism().map_or(2, |n| n.get()) + 1
-    } else {
-        options.threads
-    };
+    let threads = crate::thread_budget::threads_or_default(options.threads);
     let ticker = {
         let shared = Arc::clone(&shared);
         crate::progress::Ticker::start(progress.clone(), move || {

@@ -55,7 +55,8 @@ const MAX_WARNINGS: usize = 100;
 pub struct RestoreOptions {
     /// Also leave all-zero chunks unwritten (as holes), not only the recorded holes.
     pub sparse: bool,
-    /// Worker threads; 0 picks one per core plus one.
+    /// Worker threads; 0 picks one per core plus one, fewer under a tight memory limit
+    /// ([`crate::thread_budget::default_threads`]).
     pub threads: usize,
     /// Set owners; `None` sets them when running as root.
     pub owners: Option<bool>,
@@ -207,11 +208,7 @@ async fn restore_leased(
 ) -> RepoResult<RestoreSummary> {
     let started = Instant::now();
     let fd_limit = crate::sys::raise_fd_limit();
-    let threads = if options.threads == 0 {
-        std::thread::available_parallelism().map_or(2, |n| n.get()) + 1
-    } else {
-        options.threads
-    };
+    let threads = crate::thread_budget::threads_or_default(options.threads);
     let snapshot = repo.load_snapshot(id, cancel).await?;
     let index = repo.refresh_index(cancel).await?;
     let root = match &options.subtree {

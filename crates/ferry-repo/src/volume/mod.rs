@@ -47,7 +47,8 @@ pub struct VolumeBackupOptions {
     pub hostname: Option<String>,
     /// zstd level for volume data (0: no compression).
     pub compression_level: i32,
-    /// Reader threads; 0 picks one per core plus one.
+    /// Reader threads; 0 picks one per core plus one, fewer under a tight memory limit
+    /// ([`default_threads`](crate::thread_budget::default_threads)).
     pub threads: usize,
     /// Chunk size: a power of two from 4 KiB to 16 MiB. Keep it equal across backups of a
     /// volume (and across volumes that should deduplicate).
@@ -98,7 +99,8 @@ pub struct VolumeRestoreOptions {
     /// gaps and all-zero blocks are then not written. Leave `false` unless that is certain;
     /// a new image file is always treated as zeroed.
     pub target_zeroed: bool,
-    /// Writer threads; 0 picks one per core plus one.
+    /// Writer threads; 0 picks one per core plus one, fewer under a tight memory limit
+    /// ([`default_threads`](crate::thread_budget::default_threads)).
     pub threads: usize,
 }
 
@@ -120,11 +122,7 @@ pub struct VolumeRestoreSummary {
 }
 
 fn threads(requested: usize) -> usize {
-    if requested == 0 {
-        std::thread::available_parallelism().map_or(2, |n| n.get()) + 1
-    } else {
-        requested
-    }
+    crate::thread_budget::threads_or_default(requested)
 }
 
 fn sorted_tags(tags: &[(String, String)]) -> Vec<(String, String)> {
