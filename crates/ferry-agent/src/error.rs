@@ -87,7 +87,7 @@ pub enum ReconcileError {
         name: String,
         /// Why the caches cannot be counted.
         #[source]
-        source: Box<kube::runtime::reflector::store::WriterDropped>,
+        source: BoxError,
     },
     /// Writing Canceled on a CR canceled before any node accepted it failed.
     #[error("canceling new {kind} {name}")]

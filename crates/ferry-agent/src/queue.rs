@@ -24,6 +24,10 @@ use ferry_api::{DataDownload, DataUpload};
 /// (a watch that lags longer is resynchronised by then).
 const UNSEEN_ACCEPTANCE: Duration = Duration::from_secs(60);
 
+/// How long a count waits for the caches' first listing before the reconcile fails (and is
+/// retried), so a watch that cannot list shows in the log instead of a silent wait.
+const CACHE_READY: Duration = Duration::from_secs(30);
+
 /// The limit and where to count.
 #[derive(Debug, Clone)]
 pub(crate) struct PrepareQueue {
@@ -83,11 +87,21 @@ impl PrepareQueue {
     ///
     /// # Errors
     /// A cache will never be ready (its controller stopped).
-    pub(crate) async fn room(
-        &self,
-    ) -> Result<(usize, bool), kube::runtime::reflector::store::WriterDropped> {
-        self.uploads.wait_until_ready().await?;
-        self.downloads.wait_until_ready().await?;
+    pub(crate) async fn room(&self) -> Result<(usize, bool), crate::BoxError> {
+        let ready = async {
+            self.uploads.wait_until_ready().await?;
+            self.downloads.wait_until_ready().await
+        };
+        match tokio::time::timeout(CACHE_READY, ready).await {
+            Ok(ready) => ready?,
+            Err(_) => {
+                return Err(format!(
+                    "the DataUpload and DataDownload caches have not finished their first \
+                     listing within {CACHE_READY:?}: can the agent list and watch them?"
+                )
+                .into());
+            }
+        }
         let (uploads, upload_versions) = occupying(&self.uploads, &self.data_mover);
         let (downloads, download_versions) = occupying(&self.downloads, &self.data_mover);
         let mut accepted = self.accepted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -91,7 +91,7 @@ async fn reconcile_new<C: MoverCr>(
     let (used, room) = queue.room().await.map_err(|source| ReconcileError::Queue {
         kind: C::KIND,
         name: cr.name_any(),
-        source: Box::new(source),
+        source,
     })?;
     if !room {
         tracing::debug!(

@@ -3,8 +3,9 @@
 //!
 //! A DaemonSet's pods tolerate `node.kubernetes.io/unschedulable` (the kubelet's cordon
 //! taint) and often everything (`operator: Exists` without a key). Holding pods are ordinary
-//! pods: they must not be scheduled onto a node an operator cordoned. So each toleration of the
-//! agent is kept unless it tolerates the cordon: a toleration of the cordon's key is dropped,
+//! pods: they must not be scheduled onto a node an operator cordoned, nor get the node-condition
+//! tolerations (`node.kubernetes.io/*`) the DaemonSet controller adds to daemon pods. So each
+//! other toleration of the agent is kept unless it tolerates the cordon: a toleration of the cordon's key is dropped,
 //! and a keyless one is narrowed to the taints it must still tolerate: every effect but
 //! `NoSchedule` as it was, and `NoSchedule` for each key nodes carry now except the cordon's.
 //! The scheduler then keeps holding pods off cordoned nodes, and places them again once a node
@@ -85,6 +86,11 @@ pub fn holder_tolerations(
         }
     };
     for t in agent {
+        // The node-condition tolerations the DaemonSet controller gives every daemon pod
+        // (not-ready, unreachable, disk/memory/pid pressure, ...): an ordinary pod gets none.
+        if t.key.as_deref().is_some_and(|k| k.starts_with("node.kubernetes.io/")) {
+            continue;
+        }
         if !tolerates_cordon(t) {
             push(t.clone());
             continue;
@@ -167,7 +173,7 @@ mod tests {
             ),
         ];
         let held = holder_tolerations(&daemonset, &keys);
-        assert_eq!(held, daemonset[1..].to_vec(), "the cordon's dropped, the rest kept as given");
+        assert_eq!(held, daemonset[2..].to_vec(), "the cordon's and the node conditions' dropped");
 
         let no_schedule_only =
             [t(serde_json::json!({ "operator": "Exists", "effect": "NoSchedule" }))];

@@ -15,7 +15,7 @@ use kube::api::Api;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::secrets::{PASSWORD_SECRET, Secrets, VELERO_PASSWORD_SECRET};
+use crate::secrets::{PASSWORD_KEY, PASSWORD_SECRET, Secrets, VELERO_PASSWORD_SECRET};
 use crate::{BslLocation, MoverError, aws_credentials, location_of};
 
 /// The folder under a BSL's prefix that holds Ferry's repositories, one per namespace. Velero
@@ -260,8 +260,16 @@ impl BslRepositories {
         let (secret, key) = &loc.credential;
         let found = self.secrets().versioned_value(secret, key).await?;
         let (ca_bundle, ca_version) = self.ca_bundle(location, &loc).await?;
+        // Ferry's password secret too: a rotation (previous-repository-password) reaches
+        // repositories kept open.
+        let password_version = self
+            .secrets()
+            .versioned_value(PASSWORD_SECRET, PASSWORD_KEY)
+            .await?
+            .map(|(_, version)| version)
+            .unwrap_or_default();
         let versions = format!(
-            "{}/{}/{ca_version}",
+            "{}/{}/{ca_version}/{password_version}",
             bsl.resource_version().unwrap_or_default(),
             found.as_ref().map_or("", |(_, version)| version.as_str())
         );
@@ -420,6 +428,16 @@ impl BslRepositories {
         }
         if let Some(rotated) = self.rotate(at, &own, cancel).await? {
             return Ok(rotated);
+        }
+        // Another agent may have rotated it between the two tries (the previous key gone, the
+        // new one added): look again with the current password.
+        match Repository::open(Arc::clone(&at.store), &own, cancel).await {
+            Ok(repo) => {
+                self.hints().insert(at.described.clone(), repo.key_id());
+                return Ok((repo, None));
+            }
+            Err(RepoError::WrongPassword { .. }) => {}
+            Err(e) => return Err(repo_error("opening the repository", e)),
         }
         let wrong_passwords = |velero: &str| MoverError::Password {
             location: at.described.clone(),

@@ -46,8 +46,9 @@ pub fn is_stop(e: &RepoError) -> bool {
         // The lock held by another collector is a wait.
         RepoError::Gc { step, .. } => *step != "lock",
         // A snapshot's data in no index, damaged objects: nothing can be proven unreferenced.
-        RepoError::MissingBlob { .. } | RepoError::Corrupt { .. } => true,
-        _ => false,
+        RepoError::MissingBlob { .. } => true,
+        // Damaged, or too large to be Ferry's (TooLarge).
+        e => e.is_damaged_object(),
     }
 }
 
@@ -124,5 +125,19 @@ impl LocationEvents {
         if let Err(e) = self.recorder.publish(&event, &regarding).await {
             tracing::warn!(reason = COLLECTION_STOPPED, error = %e, "publishing an event failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn damaged_or_oversized_objects_stop_a_collection_and_a_held_lock_does_not() {
+        let too_large = RepoError::TooLarge { object: "index x".into(), size: 9, max: 1 };
+        assert!(is_stop(&too_large));
+        assert!(is_stop(&RepoError::Gc { step: "sweep", reason: "r".into() }));
+        assert!(!is_stop(&RepoError::Gc { step: "lock", reason: "r".into() }));
+        assert!(!is_stop(&RepoError::Cancelled));
     }
 }

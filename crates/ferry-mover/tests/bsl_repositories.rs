@@ -242,15 +242,18 @@ async fn a_ca_bundle_from_ca_cert_ref_is_read_from_its_secret_when_it_changes() 
 /// Rotating Ferry's password for a whole BSL: the operator puts the new password in
 /// `repository-password` and the old one in `previous-repository-password`; each repository
 /// gets a key for the new password (proven) and loses the old one when an agent opens it, and
-/// one not opened yet still opens with the old password meanwhile (no downtime).
+/// one not opened yet still opens with the old password meanwhile (no downtime). An agent that
+/// keeps a repository open sees the rotation at its next open too.
 #[tokio::test]
 async fn a_password_rotation_rekeys_each_repository_as_it_is_opened() {
     let world = World::new("mover-rotate").await;
     let (old, new) = (b"the first password of ferry", b"the second password of ferry");
     world.put_secret(PASSWORD_SECRET, old).await;
     let cancel = CancellationToken::new();
+    // One agent, keeping both repositories open across the rotation.
+    let source = world.source();
     for ns in ["one", "two"] {
-        world.source().open(BSL, ns, &cancel).await.expect("create");
+        source.open(BSL, ns, &cancel).await.expect("create");
     }
     let secrets: Api<Secret> = Api::namespaced(world.client.clone(), &world.namespace);
     let rotate = json!({ "stringData": {
@@ -263,7 +266,6 @@ async fn a_password_rotation_rekeys_each_repository_as_it_is_opened() {
         .await
         .expect("patch");
 
-    let source = world.source();
     source.open(BSL, "one", &cancel).await.expect("open one after the rotation");
     let (one, two) = (
         world.store("velero/plugins/ferry/one").await,
