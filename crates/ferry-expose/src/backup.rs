@@ -146,6 +146,7 @@ impl CsiBackupExposer {
             class.or(found.class.as_deref()),
             Some(mode_text(mode)),
             &self.config.namespace,
+            source_content.labels().get(objects::MANAGED_BY_LABEL).map(String::as_str),
         )?;
         create_or_get(&self.contents(), &content, "creating the backup content").await?;
         // The physical snapshot now has two owners; let go of the source's claim on it.
@@ -233,6 +234,23 @@ impl Exposer<DataUpload> for CsiBackupExposer {
         create_or_get(&self.claims(), &claim, "creating the backup PVC").await?;
         let tolerations =
             crate::tolerations::for_holders(&self.client, &self.config.agent_tolerations).await?;
+        let topology = if crate::topology::waits_for_consumer(
+            &self.client,
+            Some(storage_class.as_str()),
+            ": the backup PVC's storage class (the source's, or the one backupPVC maps it to) \
+             does not exist",
+        )
+        .await?
+        {
+            crate::topology::source_terms(
+                &self.client,
+                &du.spec.source_namespace,
+                &du.spec.source_pvc,
+            )
+            .await?
+        } else {
+            Vec::new()
+        };
         let holder = objects::holder_pod(
             &self.config,
             &HolderSpec {
@@ -246,6 +264,7 @@ impl Exposer<DataUpload> for CsiBackupExposer {
                 owner: &owner,
                 avoid: &params.avoid_nodes,
                 tolerations: &tolerations,
+                topology: &topology,
                 // Velero picks the rule by the backup PVC's class.
                 storage_class: &storage_class,
             },

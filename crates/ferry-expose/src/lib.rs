@@ -42,6 +42,7 @@ mod quantity;
 mod resources;
 mod restore;
 mod tolerations;
+mod topology;
 mod volume_wait;
 mod wait;
 

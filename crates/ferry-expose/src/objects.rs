@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use ferry_agent::VolumeMode;
-use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Toleration};
+use ferry_api::k8s_openapi::api::core::v1::{
+    NodeSelectorTerm, PersistentVolumeClaim, Pod, Toleration,
+};
 use ferry_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use ferry_api::{VolumeSnapshot, VolumeSnapshotContent};
 use serde_json::json;
@@ -30,7 +32,15 @@ pub(crate) fn mode_text(mode: VolumeMode) -> &'static str {
     }
 }
 
-/// A VolumeSnapshotContent that takes over an existing physical snapshot.
+/// The label the snapshot-controller puts on a VolumeSnapshotContent when snapshots are
+/// distributed (`--enable-distributed-snapshotting`): the node whose snapshotter sidecar
+/// (`--node-deployment`) manages it, the one that holds a node-local snapshot. A sidecar
+/// watches only the contents labelled with its node.
+pub(crate) const MANAGED_BY_LABEL: &str = "snapshot.storage.kubernetes.io/managed-by";
+
+/// A VolumeSnapshotContent that takes over the existing physical snapshot `snapshot_handle`, bound
+/// ahead to VolumeSnapshot `namespace/name`; `managed_by` is the source content's
+/// [`MANAGED_BY_LABEL`], kept so that the node that holds the snapshot manages the copy.
 pub(crate) fn backup_content(
     name: &str,
     snapshot_handle: &str,
@@ -38,6 +48,7 @@ pub(crate) fn backup_content(
     class: Option<&str>,
     source_volume_mode: Option<&str>,
     namespace: &str,
+    managed_by: Option<&str>,
 ) -> Result<VolumeSnapshotContent, ExposeError> {
     let mut spec = json!({
         "deletionPolicy": "Delete",
@@ -56,12 +67,16 @@ pub(crate) fn backup_content(
     if let Some(mode) = source_volume_mode {
         spec["sourceVolumeMode"] = json!(mode);
     }
+    let mut labels = json!({ "ferry.io/created-by": "ferry" });
+    if let Some(node) = managed_by.filter(|n| !n.is_empty()) {
+        labels[MANAGED_BY_LABEL] = json!(node);
+    }
     from_json(
         "backup VolumeSnapshotContent",
         json!({
             "apiVersion": "snapshot.storage.k8s.io/v1",
             "kind": "VolumeSnapshotContent",
-            "metadata": { "name": name, "labels": { "ferry.io/created-by": "ferry" } },
+            "metadata": { "name": name, "labels": labels },
             "spec": spec,
         }),
     )
@@ -153,6 +168,9 @@ pub(crate) struct HolderSpec<'a> {
     pub storage_class: &'a str,
     /// Its tolerations (see [`crate::holder_tolerations`]).
     pub tolerations: &'a [Toleration],
+    /// Where its volume can be provisioned: the source volume's node affinity terms, for a
+    /// backup PVC that binds once the pod is scheduled (see [`crate::topology`]).
+    pub topology: &'a [NodeSelectorTerm],
 }
 
 /// The holding pods' termination grace period, in seconds (see [`holder_pod`]).
@@ -224,7 +242,7 @@ pub(crate) fn holder_pod(config: &ExposerConfig, h: &HolderSpec<'_>) -> Result<P
     // As Velero: a pod pinned to the node a WaitForFirstConsumer target selected ignores
     // the configured placement.
     let rule = if h.node.is_some() { None } else { config.load_affinity_for(h.storage_class) };
-    if let Some(affinity) = placement::node_affinity(rule, h.node, h.avoid) {
+    if let Some(affinity) = placement::node_affinity(rule, h.node, h.avoid, h.topology) {
         spec["affinity"] = json!(affinity);
     }
     if let Some(class) = &config.priority_class_name {
@@ -288,6 +306,7 @@ mod tests {
             avoid,
             storage_class: class,
             tolerations: &[],
+            topology: &[],
         };
         serde_json::to_value(holder_pod(config, &spec).unwrap()).unwrap()
     }
@@ -318,6 +337,21 @@ mod tests {
             pod["spec"]["containers"][0]["resources"],
             json!({"requests": {"memory": "1Gi"}, "limits": {"cpu": "2", "ephemeral-storage": "1Gi"}})
         );
+    }
+
+    #[test]
+    fn the_backup_content_stays_with_the_node_that_manages_the_snapshot() {
+        let labels = |managed_by| {
+            let content =
+                backup_content("du", "h-1", "d", None, None, "velero", managed_by).unwrap();
+            serde_json::to_value(content).unwrap()["metadata"]["labels"].clone()
+        };
+        assert_eq!(
+            labels(Some("node-2")),
+            json!({"ferry.io/created-by": "ferry", MANAGED_BY_LABEL: "node-2"})
+        );
+        assert_eq!(labels(None), json!({"ferry.io/created-by": "ferry"}));
+        assert_eq!(labels(Some("")), json!({"ferry.io/created-by": "ferry"}));
     }
 
     #[test]

@@ -65,13 +65,16 @@ pub(crate) fn requirements(selector: &LabelSelector) -> Vec<NodeSelectorRequirem
 }
 
 /// The holding pod's required node affinity: the rule's requirements, the node it is pinned
-/// to and the nodes to avoid, all in one term; `None` when there is nothing to require. Nodes
-/// are named by their object name (`matchFields` on `metadata.name`, as DaemonSets pin their
-/// pods), never by the hostname label, which need not equal the node's name.
+/// to and the nodes to avoid, all in one term, and that term within each of `topology`'s
+/// terms (the source volume's, see [`crate::topology`]: any one of them, and all of ours);
+/// `None` when there is nothing to require. Nodes are named by their object name
+/// (`matchFields` on `metadata.name`, as DaemonSets pin their pods), never by the hostname
+/// label, which need not equal the node's name.
 pub(crate) fn node_affinity(
     rule: Option<&LoadAffinity>,
     node: Option<&str>,
     avoid: &[String],
+    topology: &[NodeSelectorTerm],
 ) -> Option<Affinity> {
     let labels = rule.map(|r| requirements(&r.node_selector)).unwrap_or_default();
     let by_name = |operator: &str, values: Vec<String>| NodeSelectorRequirement {
@@ -85,22 +88,40 @@ pub(crate) fn node_affinity(
     }
     // One value per requirement: the API server refuses more in a node field selector.
     names.extend(avoid.iter().map(|n| by_name("NotIn", vec![n.clone()])));
-    if labels.is_empty() && names.is_empty() {
+    let topology: Vec<&NodeSelectorTerm> = topology.iter().filter(|t| !is_empty(t)).collect();
+    if labels.is_empty() && names.is_empty() && topology.is_empty() {
         return None;
     }
-    let term = NodeSelectorTerm {
-        match_expressions: (!labels.is_empty()).then_some(labels),
-        match_fields: (!names.is_empty()).then_some(names),
+    let ours = |mut term: NodeSelectorTerm| {
+        let expressions = term.match_expressions.get_or_insert_with(Vec::new);
+        expressions.extend(labels.iter().cloned());
+        let fields = term.match_fields.get_or_insert_with(Vec::new);
+        fields.extend(names.iter().cloned());
+        NodeSelectorTerm {
+            match_expressions: term.match_expressions.filter(|e| !e.is_empty()),
+            match_fields: term.match_fields.filter(|f| !f.is_empty()),
+        }
+    };
+    let terms = if topology.is_empty() {
+        vec![ours(NodeSelectorTerm::default())]
+    } else {
+        topology.into_iter().map(|t| ours(t.clone())).collect()
     };
     Some(Affinity {
         node_affinity: Some(NodeAffinity {
             required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                node_selector_terms: vec![term],
+                node_selector_terms: terms,
             }),
             ..NodeAffinity::default()
         }),
         ..Affinity::default()
     })
+}
+
+/// A term with no requirement (it would match every node, and the API server refuses it).
+fn is_empty(term: &NodeSelectorTerm) -> bool {
+    term.match_expressions.as_ref().is_none_or(Vec::is_empty)
+        && term.match_fields.as_ref().is_none_or(Vec::is_empty)
 }
 
 /// The pod's labels: the configured ones, with Ferry's own set over them.
@@ -159,6 +180,7 @@ mod tests {
             Some(&LoadAffinity { node_selector: selector, storage_class: None }),
             None,
             &["dead-node".to_owned()],
+            &[],
         )
         .unwrap();
         assert_eq!(
@@ -180,13 +202,14 @@ mod tests {
 
     #[test]
     fn nothing_to_require_means_no_affinity() {
-        assert_eq!(node_affinity(None, None, &[]), None);
+        assert_eq!(node_affinity(None, None, &[], &[]), None);
         assert_eq!(
-            node_affinity(Some(&LoadAffinity::default()), None, &[]),
+            node_affinity(Some(&LoadAffinity::default()), None, &[], &[]),
             None,
             "empty selector"
         );
-        let two = node_affinity(None, Some("n0"), &["n1".to_owned(), "n2".to_owned()]).unwrap();
+        let two =
+            node_affinity(None, Some("n0"), &["n1".to_owned(), "n2".to_owned()], &[]).unwrap();
         let fields = serde_json::to_value(&two).unwrap()["nodeAffinity"]
             ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
             ["matchFields"]
@@ -200,10 +223,50 @@ mod tests {
             ]),
             "one value per node field requirement, as the API server requires"
         );
-        let only_avoid = node_affinity(None, None, &["n1".to_owned()]).unwrap();
+        let only_avoid = node_affinity(None, None, &["n1".to_owned()], &[]).unwrap();
         let required = only_avoid.node_affinity.unwrap();
         let terms = required.required_during_scheduling_ignored_during_execution.unwrap();
         assert_eq!(terms.node_selector_terms.len(), 1);
+    }
+
+    #[test]
+    fn the_source_topology_is_required_with_each_of_its_terms() {
+        let topology: Vec<NodeSelectorTerm> = serde_json::from_value(json!([
+            {"matchExpressions": [{"key": "topology.hostpath.csi/node", "operator": "In", "values": ["n1"]}]},
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+            {},
+        ]))
+        .unwrap();
+        let rule = LoadAffinity {
+            node_selector: serde_json::from_value(json!({"matchLabels": {"pool": "movers"}}))
+                .unwrap(),
+            storage_class: None,
+        };
+        let affinity = node_affinity(Some(&rule), None, &["dead".to_owned()], &topology).unwrap();
+        assert_eq!(
+            serde_json::to_value(&affinity).unwrap()["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                ["nodeSelectorTerms"],
+            json!([
+                {"matchExpressions": [
+                    {"key": "topology.hostpath.csi/node", "operator": "In", "values": ["n1"]},
+                    {"key": "pool", "operator": "In", "values": ["movers"]},
+                ], "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["dead"]}]},
+                {"matchExpressions": [
+                    {"key": "zone", "operator": "In", "values": ["b"]},
+                    {"key": "pool", "operator": "In", "values": ["movers"]},
+                ], "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["dead"]}]},
+            ]),
+            "each source term with all of ours; the empty term dropped"
+        );
+        let alone = node_affinity(None, None, &[], &topology[..1]).unwrap();
+        assert_eq!(
+            serde_json::to_value(&alone).unwrap()["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                ["nodeSelectorTerms"],
+            json!([{"matchExpressions": [
+                {"key": "topology.hostpath.csi/node", "operator": "In", "values": ["n1"]},
+            ]}])
+        );
+        assert_eq!(node_affinity(None, None, &[], &topology[2..]), None, "only an empty term");
     }
 
     #[test]

@@ -11,7 +11,6 @@ use ferry_agent::{
 use ferry_api::k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
 };
-use ferry_api::k8s_openapi::api::storage::v1::StorageClass;
 use ferry_api::keys::{DATA_DOWNLOAD_LABEL, DYNAMIC_PV_RESTORE_LABEL, SELECTED_NODE_ANNOTATION};
 use ferry_api::naming::valid_label_value;
 use ferry_api::{DataDownload, DataDownloadPhase};
@@ -84,19 +83,6 @@ impl CsiRestoreExposer {
         format!("{}/{}", dd.spec.target_volume.namespace, dd.spec.target_volume.pvc)
     }
 
-    /// Whether the class binds volumes only once a pod uses them.
-    async fn waits_for_consumer(&self, class: Option<&str>) -> Result<bool, ExposeError> {
-        let Some(class) = class.filter(|c| !c.is_empty()) else { return Ok(false) };
-        let classes: Api<StorageClass> = Api::all(self.client.clone());
-        let sc = get_opt(&classes, class, "reading the storage class").await?.ok_or_else(|| {
-            ExposeError::Missing {
-                what: format!("StorageClass {class}"),
-                hint: ": the target PVC names a storage class that does not exist".into(),
-            }
-        })?;
-        Ok(sc.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"))
-    }
-
     /// The restore PV held for `dd`, if Ferry labelled one.
     async fn held_volume(
         &self,
@@ -150,7 +136,12 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
         }
         let class = spec.storage_class_name.clone();
         let node = if !self.config.ignore_delay_binding
-            && self.waits_for_consumer(class.as_deref()).await?
+            && crate::topology::waits_for_consumer(
+                &self.client,
+                class.as_deref(),
+                ": the target PVC names a storage class that does not exist",
+            )
+            .await?
         {
             let what = format!("a node to be selected for target PVC {target_name}");
             Some(
@@ -221,6 +212,7 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
                 owner: &owner,
                 avoid: &params.avoid_nodes,
                 tolerations: &tolerations,
+                topology: &[],
                 storage_class: class.as_deref().unwrap_or_default(),
             },
         )?;

@@ -1,11 +1,13 @@
 //! A node simulator for Ferry's tests: the cluster parts a bare kube-apiserver lacks, played
 //! against the real API server with real storage.
 //!
-//! The proof that Ferry works on a node is the real one (`ferry_testbed::realnode`: a real
-//! kubelet, containerd and the CSI hostpath driver; `crates/ferry/tests/realnode/`). The
-//! simulator stays for what one machine's real node does not show yet: several nodes (the
-//! object lock across nodes, lost-node takeover, placement rules), WaitForFirstConsumer
-//! selection across nodes, and the fast variants of the end-to-end scenarios.
+//! The proof that Ferry works on a node is the real one (`ferry_testbed::realnode`: real
+//! kubelets, containerd and the CSI hostpath driver; `crates/ferry/tests/realnode/` on one
+//! node, `crates/ferry/tests/nodes/` on three: the object lock across nodes, thirty uploads
+//! spread over them, lost-node takeover). The simulator stays for what real nodes on one
+//! machine cannot show cheaply: node labels and placement rules over many nodes (every real
+//! node here reports the same host), an agent process SIGKILLed and restarted outside a pod,
+//! and the fast variants of the end-to-end scenarios.
 //!
 //! [`NodeSim::start`] registers simulated [`Node`](k8s_openapi::api::core::v1::Node)s (with the
 //! labels a test adds in [`SimConfig::node_labels`]), a CSI driver with two StorageClasses

@@ -5,8 +5,9 @@
 //! keeps them running until its standard input closes or it receives SIGINT/SIGTERM. Killed
 //! any other way, its services still die with it and its files are removed.
 //!
-//! `ferry-testbed node` does the same with a real one-node cluster (kubelet, containerd, the CSI
-//! hostpath driver; see `ferry_testbed::realnode`) and prints its kubeconfig and folder.
+//! `ferry-testbed node [--nodes N]` does the same with a real cluster of one node, or N
+//! (kubelet, containerd, the CSI hostpath driver on each; see `ferry_testbed::realnode`), and
+//! prints its kubeconfig and folders.
 
 use std::io::Read;
 
@@ -14,7 +15,7 @@ use ferry_testbed::realnode::RealCluster;
 use ferry_testbed::{ControlPlane, S3Server};
 
 fn usage() -> ! {
-    eprintln!("usage: ferry-testbed up [--s3] | ferry-testbed node");
+    eprintln!("usage: ferry-testbed up [--s3] | ferry-testbed node [--nodes N]");
     std::process::exit(2);
 }
 
@@ -22,7 +23,13 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("up") => {}
-        Some("node") if args.len() == 1 => return node(),
+        Some("node") => {
+            return match args.get(1..).unwrap_or_default() {
+                [] => node(1),
+                [flag, n] if flag == "--nodes" => node(n.parse().unwrap_or_else(|_| usage())),
+                _ => usage(),
+            };
+        }
         _ => usage(),
     }
     let with_s3 = match args.get(1).map(String::as_str) {
@@ -48,14 +55,20 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn node() -> anyhow::Result<()> {
+fn node(count: usize) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
-    let cluster = rt.block_on(RealCluster::start())?;
+    let cluster = rt.block_on(RealCluster::start_nodes(count))?;
     let info = serde_json::json!({
         "kubeconfig": cluster.kubeconfig(),
         "url": cluster.control_plane().url(),
         "dir": cluster.dir(),
         "node_root": cluster.node_path(std::path::Path::new("/")),
+        "nodes": cluster.nodes().iter().map(|n| serde_json::json!({
+            "name": n.name(),
+            "dir": n.dir(),
+            "root": n.node_path(std::path::Path::new("/")),
+            "cgroup": n.cgroup(),
+        })).collect::<Vec<_>>(),
         "pids": cluster.pids(),
         "cgroup": cluster.cgroup(),
     });

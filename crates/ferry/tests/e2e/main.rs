@@ -13,6 +13,8 @@ mod plugin_host;
 mod pvc_cli;
 mod recovery;
 mod restore_targets;
+#[path = "../support/spans.rs"]
+mod spans;
 mod upload_edges;
 #[path = "../support/velero_crs.rs"]
 mod velero_crs;

@@ -13,25 +13,11 @@ use kube::ResourceExt;
 use kube::api::Api;
 
 use crate::harness::{TestResult, WAIT, World, du_phase, du_terminal};
+use crate::spans::max_overlap;
 
 const UPLOADS: usize = 30;
 /// The agents' `--concurrency` (see the harness).
 const CONCURRENCY: usize = 2;
-
-/// The most intervals `[start, end)` of `spans` that overlap at any instant.
-fn max_overlap(spans: &[(Timestamp, Timestamp)]) -> usize {
-    // Ends sort before starts at the same instant: half-open intervals. Timestamps are
-    // truncated to the second by the API, which never makes disjoint intervals overlap.
-    let mut edges: Vec<(Timestamp, i32)> =
-        spans.iter().flat_map(|&(s, e)| [(s, 1), (e, -1)]).collect();
-    edges.sort();
-    let (mut now, mut most) = (0_i32, 0_i32);
-    for (_, delta) in edges {
-        now += delta;
-        most = most.max(now);
-    }
-    usize::try_from(most).unwrap_or(0)
-}
 
 /// The agent's Events on DataUpload `name` by reason, waiting (bounded) for its Completed one.
 async fn events_by_reason(
@@ -169,13 +155,4 @@ async fn thirty_data_uploads_at_once_each_complete_exactly_once() -> TestResult 
         sources.list(&Default::default()).await?.iter().map(|s| s.name_any()).collect();
     assert!(kept.is_empty(), "source snapshots kept: {kept:?}");
     world.shutdown().await
-}
-
-#[test]
-fn overlap_counts_half_open_intervals() {
-    let t = |s: i64| Timestamp::from_second(s).expect("valid");
-    assert_eq!(max_overlap(&[]), 0);
-    assert_eq!(max_overlap(&[(t(0), t(5)), (t(5), t(9))]), 1);
-    assert_eq!(max_overlap(&[(t(0), t(5)), (t(4), t(9)), (t(1), t(2))]), 2);
-    assert_eq!(max_overlap(&[(t(0), t(9)), (t(1), t(8)), (t(2), t(3))]), 3);
 }

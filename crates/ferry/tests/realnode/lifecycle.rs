@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use ferry_api::DataUpload;
 use ferry_api::k8s_openapi::api::core::v1::Pod;
-use ferry_api::k8s_openapi::api::events::v1::Event;
 use ferry_testbed::VELERO_NAMESPACE;
 use kube::api::{Api, DeleteParams, ListParams};
 
@@ -160,16 +159,7 @@ async fn a_user_sees_columns_events_and_metrics() -> TestResult {
     assert!(row.contains("Completed") && row.contains(node::BSL), "{table}");
     assert!(row.contains(ferry_testbed::realnode::NODE_NAME), "the node that moved it: {table}");
 
-    let events: Api<Event> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
-    let ours: Vec<String> = events
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
-        .filter(|e| e.reporting_controller.as_deref() == Some("ferry-agent"))
-        .filter_map(|e| e.reason)
-        .collect();
+    let ours = node::agent_events(&client, &name).await?;
     assert!(!ours.is_empty(), "the agent published Events on {name}");
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);

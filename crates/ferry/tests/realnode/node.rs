@@ -50,6 +50,7 @@ pub const CREDENTIALS: (&str, &str) = ("ferry-realnode", "ferry-realnode-secret"
 pub static AGENT: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// The shared cluster with Ferry installed from its chart and a BSL on moto.
+#[derive(Debug)]
 pub struct Node {
     pub cluster: &'static RealCluster,
     /// The S3 endpoint as the host (and the `ferry` CLI in tests) reaches it.
@@ -62,15 +63,19 @@ pub struct Node {
 /// If the cluster, S3 or Ferry's installation fails; the message says why.
 pub fn node() -> &'static Node {
     static NODE: OnceLock<Result<Node, String>> = OnceLock::new();
-    let node = NODE.get_or_init(|| ferry_testbed::process::run_on_own_thread(set_up));
+    let node = NODE.get_or_init(|| {
+        ferry_testbed::process::run_on_own_thread(|| set_up_on(RealCluster::shared(), &[]))
+    });
     match node {
         Ok(n) => n,
         Err(e) => panic!("real node unavailable: {e}"),
     }
 }
 
-async fn set_up() -> anyhow::Result<Node> {
-    let cluster = RealCluster::shared();
+/// Sets up `cluster` for the tests: a bucket on the shared moto, relayed into every node, the
+/// BackupStorageLocation, and Ferry installed from its chart (with `values` besides the
+/// tests' own, `KEY=VALUE` as `helm --set` takes them).
+pub async fn set_up_on(cluster: &'static RealCluster, values: &[&str]) -> anyhow::Result<Node> {
     let s3 = S3Server::shared();
     s3.create_bucket(BUCKET)?;
     let port: u16 = s3.endpoint().rsplit(':').next().unwrap_or_default().parse()?;
@@ -97,12 +102,12 @@ async fn set_up() -> anyhow::Result<Node> {
         )
         .await?;
     let binary = std::path::Path::new(env!("CARGO_BIN_EXE_ferry"));
-    cluster
-        .install_ferry(
-            binary,
-            &["agent.extraArgs={--progress-interval,1s}", "agent.logLevel=info\\,ferry=debug"],
-        )
-        .await?;
+    let mut all = vec!["agent.logLevel=info\\,ferry=debug"];
+    if !values.iter().any(|v| v.starts_with("agent.extraArgs=")) {
+        all.push("agent.extraArgs={--progress-interval,1s}");
+    }
+    all.extend(values);
+    cluster.install_ferry(binary, &all).await?;
     Ok(Node { cluster, s3_endpoint: s3.endpoint().to_owned() })
 }
 
@@ -158,12 +163,24 @@ pub async fn create_pvc(
     size: &str,
     mode: &str,
 ) -> Result<PersistentVolumeClaim, Box<dyn std::error::Error>> {
+    create_pvc_of_class(client, ns, name, size, mode, realnode::STORAGE_CLASS).await
+}
+
+/// A PVC of storage class `class` in `mode` (`Filesystem` or `Block`).
+pub async fn create_pvc_of_class(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    size: &str,
+    mode: &str,
+    class: &str,
+) -> Result<PersistentVolumeClaim, Box<dyn std::error::Error>> {
     let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": { "name": name, "namespace": ns },
         "spec": {
             "accessModes": ["ReadWriteOnce"],
-            "storageClassName": realnode::STORAGE_CLASS,
+            "storageClassName": class,
             "volumeMode": mode,
             "resources": { "requests": { "storage": size } },
         },
@@ -183,6 +200,19 @@ pub async fn run_pod(
     block: bool,
     script: &str,
 ) -> Result<String, Box<dyn std::error::Error>> {
+    run_pod_on(client, ns, pvc, block, script, None).await
+}
+
+/// [`run_pod`], scheduled onto node `on` when given (by its hostname label, through the
+/// scheduler: a WaitForFirstConsumer volume is then provisioned there).
+pub async fn run_pod_on(
+    client: &Client,
+    ns: &str,
+    pvc: &str,
+    block: bool,
+    script: &str,
+    on: Option<&str>,
+) -> Result<String, Box<dyn std::error::Error>> {
     let name = format!("run-{}", &uid()[..8]);
     let mut container = json!({
         "name": "run",
@@ -196,7 +226,7 @@ pub async fn run_pod(
     } else {
         container["volumeMounts"] = json!([{ "name": "v", "mountPath": "/data" }]);
     }
-    let pod: Pod = serde_json::from_value(json!({
+    let mut pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": { "name": name, "namespace": ns },
         "spec": {
@@ -205,7 +235,11 @@ pub async fn run_pod(
             "containers": [container],
             "volumes": [{ "name": "v", "persistentVolumeClaim": { "claimName": pvc } }],
         },
-    }))?;
+    });
+    if let Some(node) = on {
+        pod["spec"]["nodeSelector"] = json!({ realnode::HOSTNAME_LABEL: node });
+    }
+    let pod: Pod = serde_json::from_value(pod)?;
     Ok(ferry_testbed::workload::run_to_completion(client, &pod, WAIT).await?)
 }
 
@@ -286,7 +320,11 @@ pub async fn data_upload_to(
 ) -> Result<DataUpload, Box<dyn std::error::Error>> {
     let source = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns).get(pvc).await?;
     let mover = Mover { datamover: MOVER, bsl };
-    let du = velero_crs::data_upload(&mover, &CLASSES, backup, &uid(), &source, snapshot)?;
+    // Velero's plugin names the source PVC's class.
+    let class = source.spec.as_ref().and_then(|s| s.storage_class_name.clone());
+    let classes =
+        Classes { storage_class: class.as_deref().unwrap_or(CLASSES.storage_class), ..CLASSES };
+    let du = velero_crs::data_upload(&mover, &classes, backup, &uid(), &source, snapshot)?;
     Ok(Api::<DataUpload>::namespaced(client.clone(), VELERO_NAMESPACE)
         .create(&PostParams::default(), &du)
         .await?)
@@ -524,4 +562,24 @@ pub async fn admitted_as_restricted(client: &Client, pod: &Pod) -> TestResult {
         )
     })?;
     Ok(())
+}
+
+/// The agents' Events on the CR `name` in Velero's namespace, counted by reason.
+pub async fn agent_events(
+    client: &Client,
+    name: &str,
+) -> Result<std::collections::BTreeMap<String, i32>, Box<dyn std::error::Error>> {
+    use ferry_api::k8s_openapi::api::events::v1::Event;
+    let events: Api<Event> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let mut by_reason = std::collections::BTreeMap::new();
+    for e in events.list(&Default::default()).await?.items {
+        if e.regarding.as_ref().and_then(|r| r.name.as_deref()) != Some(name)
+            || e.reporting_controller.as_deref() != Some("ferry-agent")
+        {
+            continue;
+        }
+        let count = e.series.as_ref().map_or(1, |s| s.count);
+        *by_reason.entry(e.reason.unwrap_or_default()).or_insert(0) += count;
+    }
+    Ok(by_reason)
 }
