@@ -53,6 +53,23 @@ pub enum MoverError {
         #[source]
         source: Box<ferry_repo::RepoError>,
     },
+    /// The repository's KMS envelope failed: the KMS refused to wrap or unwrap a key file
+    /// (access denied, a disabled or unknown key, unreachable), or the repository needs a KMS
+    /// key and Ferry's secret names none. `kms` says which key and setting were used and what
+    /// to do; the source names the key the KMS refused and why.
+    #[error("{step} (repository {location}; {kms}): {source}")]
+    Kms {
+        /// What was being done.
+        step: &'static str,
+        /// Where the repository is.
+        location: String,
+        /// The KMS settings of Ferry's secret in use, and what to do about them.
+        kms: String,
+        /// The repository's error ([`ferry_repo::RepoError::Kms`] or
+        /// [`ferry_repo::RepoError::KmsKeyNeeded`]).
+        #[source]
+        source: Box<ferry_repo::RepoError>,
+    },
     /// The repository is still where earlier Ferry versions kept it, a folder Velero's
     /// BackupStorageLocation validation rejects; it is used only once moved.
     #[error(

@@ -18,6 +18,10 @@
 //!   then added to that repository and [`OpenedRepository::warning`] says how to remove the
 //!   old key (`ferry repo key remove`). [`FixedRepository`] serves one repository for
 //!   everything.
+//! - KMS: with [`KMS_KEY_ID_KEY`] (and optionally [`KMS_ENDPOINT_KEY`]) in Ferry's secret,
+//!   repositories are opened through AWS KMS in the BSL's region with the BSL's credentials,
+//!   and new ones (and key files added later) are wrapped by that key as well as the password;
+//!   a refusal fails the CR with [`MoverError::Kms`], naming the key and what to do.
 //! - [`RepoMover`]: the [`ferry_agent::DataMover`] that backs a volume up into that
 //!   repository (incremental against the last snapshot of the same PVC, resuming from what an
 //!   interrupted upload left) and restores a snapshot into a volume.
@@ -31,6 +35,7 @@
 mod bsl;
 pub mod deletion;
 mod error;
+mod kms;
 mod mover;
 mod secrets;
 mod source;
@@ -40,7 +45,10 @@ pub mod upload_finalizer;
 pub use bsl::{BslLocation, aws_credentials, location_of};
 pub use error::MoverError;
 pub use mover::{DATA_UPLOAD_TAG, RepoMover};
-pub use secrets::{PASSWORD_KEY, PASSWORD_SECRET, PREVIOUS_PASSWORD_KEY, VELERO_PASSWORD_SECRET};
+pub use secrets::{
+    KMS_ENDPOINT_KEY, KMS_KEY_ID_KEY, PASSWORD_KEY, PASSWORD_SECRET, PREVIOUS_PASSWORD_KEY,
+    VELERO_PASSWORD_SECRET,
+};
 pub use source::{
     BslRepositories, FixedRepository, OLD_REPOSITORY_FOLDER, OpenedRepository, REPOSITORY_FOLDER,
     RepositorySource, old_repository_prefix, repository_prefix,

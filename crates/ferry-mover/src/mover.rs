@@ -121,8 +121,10 @@ impl RepoMover {
         namespace: &str,
         cancel: &CancellationToken,
     ) -> Result<(Repository, String, Vec<String>), WorkError> {
-        let opened =
-            self.repos.open(location, namespace, cancel).await.map_err(WorkError::from_error)?;
+        let opened = self.repos.open(location, namespace, cancel).await.map_err(|e| {
+            // Stopped by the token (a store or KMS call cut short): not a failure of the CR.
+            if cancel.is_cancelled() { WorkError::Canceled } else { WorkError::from_error(e) }
+        })?;
         if let Some(warning) = &opened.warning {
             tracing::warn!(repository = %opened.location, "{warning}");
         }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use ferry_api::BackupStorageLocation;
 use ferry_repo::{
-    CacheOptions, InitOptions, KeyId, RepoError, Repository, VELERO_DEFAULT_PASSWORD,
+    CacheOptions, InitOptions, InitOutcome, KeyId, RepoError, Repository, VELERO_DEFAULT_PASSWORD,
 };
 use ferry_store::{ObjectKey, ObjectStore, S3Config, S3Options, S3Store};
 use kube::ResourceExt;
@@ -15,7 +15,8 @@ use kube::api::Api;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::secrets::{PASSWORD_KEY, PASSWORD_SECRET, Secrets, VELERO_PASSWORD_SECRET};
+use crate::kms::Envelope;
+use crate::secrets::{KmsSettings, PASSWORD_SECRET, Secrets, VELERO_PASSWORD_SECRET};
 use crate::{BslLocation, MoverError, aws_credentials, location_of};
 
 /// The folder under a BSL's prefix that holds Ferry's repositories, one per namespace. Velero
@@ -147,8 +148,11 @@ struct Site {
     bucket: String,
     prefix: String,
     options: S3Options,
-    /// The `resourceVersion`s of the BSL and its credential secret: when they change, open
-    /// repositories are opened again with what changed.
+    /// The KMS envelope Ferry's secret asks for.
+    kms: Option<KmsSettings>,
+    /// The `resourceVersion`s of the BSL, its credential and CA secrets and Ferry's secret
+    /// (and its KMS settings): when they change, open repositories are opened again with what
+    /// changed.
     versions: String,
 }
 
@@ -260,18 +264,17 @@ impl BslRepositories {
         let (secret, key) = &loc.credential;
         let found = self.secrets().versioned_value(secret, key).await?;
         let (ca_bundle, ca_version) = self.ca_bundle(location, &loc).await?;
-        // Ferry's password secret too: a rotation (previous-repository-password) reaches
-        // repositories kept open.
-        let password_version = self
-            .secrets()
-            .versioned_value(PASSWORD_SECRET, PASSWORD_KEY)
-            .await?
-            .map(|(_, version)| version)
-            .unwrap_or_default();
+        // Ferry's own secret too: a rotation (previous-repository-password) and a changed
+        // kms-key-id or kms-endpoint reach repositories kept open.
+        let own = self.secrets().own_settings().await?;
+        let kms_version = own.kms.as_ref().map_or_else(String::new, |k| {
+            format!("{}@{}", k.key_id, k.endpoint.as_deref().unwrap_or_default())
+        });
         let versions = format!(
-            "{}/{}/{ca_version}/{password_version}",
+            "{}/{}/{ca_version}/{}/{kms_version}",
             bsl.resource_version().unwrap_or_default(),
-            found.as_ref().map_or("", |(_, version)| version.as_str())
+            found.as_ref().map_or("", |(_, version)| version.as_str()),
+            own.version,
         );
         let credentials = match found.map(|(text, _)| text) {
             Some(text) => {
@@ -309,7 +312,7 @@ impl BslRepositories {
             server_side_encryption: loc.server_side_encryption,
             ..S3Options::default()
         };
-        Ok(Site { bucket: loc.bucket, prefix: loc.prefix, options, versions })
+        Ok(Site { bucket: loc.bucket, prefix: loc.prefix, options, kms: own.kms, versions })
     }
 
     /// A password rotation of Ferry's secret: a repository that only the previous password
@@ -319,21 +322,21 @@ impl BslRepositories {
     async fn rotate(
         &self,
         at: &Located,
+        envelope: &Envelope,
         own: &[u8],
         cancel: &CancellationToken,
     ) -> Result<Option<(Repository, Option<String>)>, MoverError> {
         let Some(previous) = self.secrets().previous_password().await? else { return Ok(None) };
-        let repo = match Repository::open(Arc::clone(&at.store), &previous, cancel).await {
-            Ok(repo) => repo,
-            Err(RepoError::WrongPassword { .. }) => return Ok(None),
-            Err(e) => {
-                return Err(MoverError::Repo {
-                    step: "opening the repository with the previous password",
-                    location: at.described.clone(),
-                    source: Box::new(e),
-                });
-            }
-        };
+        let options = envelope.open_options(None);
+        let repo =
+            match Repository::open_with(Arc::clone(&at.store), &previous, &options, cancel).await {
+                Ok(repo) => repo,
+                Err(RepoError::WrongPassword { .. }) => return Ok(None),
+                Err(e) => {
+                    let step = "opening the repository with the previous password";
+                    return Err(envelope.error(step, &at.described, e));
+                }
+            };
         let old = repo.key_id();
         let warning = match repo.change_password(own, self.init.kdf, cancel).await {
             Ok(new) => {
@@ -347,11 +350,8 @@ impl BslRepositories {
                 at.described
             )),
             Err(e) => {
-                return Err(MoverError::Repo {
-                    step: "rotating the repository's key to the current password",
-                    location: at.described.clone(),
-                    source: Box::new(e),
-                });
+                let step = "rotating the repository's key to the current password";
+                return Err(envelope.error(step, &at.described, e));
             }
         };
         self.hints().insert(at.described.clone(), repo.key_id());
@@ -396,28 +396,34 @@ impl BslRepositories {
     }
 
     /// Opens (or creates) the repository at `at` with Ferry's own password, else, for a
-    /// repository created with Velero's password, with that one (adding a key for Ferry's).
+    /// repository created with Velero's password, with that one (adding a key for Ferry's);
+    /// every open and the creation through `envelope`'s KMS, if any.
     async fn open_at(
         &self,
         at: &Located,
+        envelope: &Envelope,
         cancel: &CancellationToken,
     ) -> Result<(Repository, Option<String>), MoverError> {
         let own = self.secrets().own_password().await?;
-        let repo_error = |step, source| MoverError::Repo {
-            step,
-            location: at.described.clone(),
-            source: Box::new(source),
-        };
+        let repo_error = |step, source| envelope.error(step, &at.described, source);
         let hint = self.hints().get(&at.described).copied();
-        let opened =
-            match Repository::open_with_hint(Arc::clone(&at.store), &own, hint, cancel).await {
-                Err(RepoError::NotFound { .. }) => {
-                    Repository::init(Arc::clone(&at.store), &own, &self.init, cancel)
-                        .await
-                        .map(|(repo, _)| repo)
+        let store = || Arc::clone(&at.store);
+        let options = envelope.open_options(hint);
+        let opened = match Repository::open_with(store(), &own, &options, cancel).await {
+            Err(RepoError::NotFound { .. }) => {
+                let init = envelope.init_options(&self.init);
+                match Repository::init(store(), &own, &init, cancel).await {
+                    Ok((repo, InitOutcome::Created)) => {
+                        if let Some(key) = envelope.key_id() {
+                            tracing::info!(repository = %at.described, kms_key = %key, "created the repository under the KMS key of Ferry's secret");
+                        }
+                        Ok(repo)
+                    }
+                    other => other.map(|(repo, _)| repo),
                 }
-                other => other,
-            };
+            }
+            other => other,
+        };
         match opened {
             Ok(repo) => {
                 self.hints().insert(at.described.clone(), repo.key_id());
@@ -426,12 +432,12 @@ impl BslRepositories {
             Err(RepoError::WrongPassword { .. }) => {}
             Err(e) => return Err(repo_error("opening or creating the repository", e)),
         }
-        if let Some(rotated) = self.rotate(at, &own, cancel).await? {
+        if let Some(rotated) = self.rotate(at, envelope, &own, cancel).await? {
             return Ok(rotated);
         }
         // Another agent may have rotated it between the two tries (the previous key gone, the
         // new one added): look again with the current password.
-        match Repository::open(Arc::clone(&at.store), &own, cancel).await {
+        match Repository::open_with(store(), &own, &envelope.open_options(None), cancel).await {
             Ok(repo) => {
                 self.hints().insert(at.described.clone(), repo.key_id());
                 return Ok((repo, None));
@@ -450,23 +456,27 @@ impl BslRepositories {
             let absent = format!("Velero's {VELERO_PASSWORD_SECRET} (absent)");
             return Err(wrong_passwords(&absent));
         };
-        let old = match Repository::open(Arc::clone(&at.store), &velero, cancel).await {
-            Ok(repo) => repo,
-            Err(RepoError::WrongPassword { .. }) => {
-                let name = format!("the one in {}/{VELERO_PASSWORD_SECRET}", self.namespace);
-                return Err(wrong_passwords(&name));
-            }
-            Err(e) => return Err(repo_error("opening the repository", e)),
-        };
+        let old =
+            match Repository::open_with(store(), &velero, &envelope.open_options(None), cancel)
+                .await
+            {
+                Ok(repo) => repo,
+                Err(RepoError::WrongPassword { .. }) => {
+                    let name = format!("the one in {}/{VELERO_PASSWORD_SECRET}", self.namespace);
+                    return Err(wrong_passwords(&name));
+                }
+                Err(e) => return Err(repo_error("opening the repository", e)),
+            };
         // Created by an earlier version with Velero's password: from now on Ferry's own opens
         // it too. The old key stays (something else may use it) until the operator removes it.
         let added = old
             .add_password(&own, self.init.kdf, cancel)
             .await
             .map_err(|e| repo_error("adding a key for Ferry's password", e))?;
-        let repo = Repository::open_with_hint(Arc::clone(&at.store), &own, Some(added), cancel)
-            .await
-            .map_err(|e| repo_error("opening the repository with the key just added", e))?;
+        let repo =
+            Repository::open_with(store(), &own, &envelope.open_options(Some(added)), cancel)
+                .await
+                .map_err(|e| repo_error("opening the repository with the key just added", e))?;
         self.hints().insert(at.described.clone(), repo.key_id());
         let which = if velero == VELERO_DEFAULT_PASSWORD {
             "Velero's published default password (anyone who can read the bucket can decrypt \
@@ -541,7 +551,8 @@ impl RepositorySource for BslRepositories {
         if !holds_repository(&new, cancel).await? && holds_repository(&old, cancel).await? {
             return Err(MoverError::RepositoryNotMoved { old: old.described, new: new.described });
         }
-        let (repo, warning) = self.open_at(&new, cancel).await?;
+        let envelope = Envelope::new(&self.namespace, site.kms.as_ref(), &site.options).await?;
+        let (repo, warning) = self.open_at(&new, &envelope, cancel).await?;
         if let Some(cache) = &self.cache {
             repo.set_cache(cache);
         }

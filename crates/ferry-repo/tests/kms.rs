@@ -4,6 +4,7 @@
 
 mod common;
 
+use ferry_testbed::kms;
 use std::sync::Arc;
 
 use common::{TestResult, options, s3_store};
@@ -219,37 +220,6 @@ fn moto_endpoint() -> String {
     ferry_testbed::S3Server::shared().endpoint().to_owned()
 }
 
-/// Calls moto's KMS action `target` (`CreateKey`, `DisableKey`, ...) with a JSON body and
-/// returns the JSON answer. moto does not check signatures; it only reads the service name
-/// from the credential scope.
-fn moto_kms(endpoint: &str, target: &str, body: &str) -> String {
-    use std::io::{Read, Write};
-    let addr = endpoint.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to moto");
-    write!(
-        stream,
-        "POST / HTTP/1.1\r\nHost: {addr}\r\nX-Amz-Target: TrentService.{target}\r\n\
-         Content-Type: application/x-amz-json-1.1\r\n\
-         Authorization: AWS4-HMAC-SHA256 Credential=ferry-test/20250101/us-east-1/kms/aws4_request, \
-         SignedHeaders=host, Signature=0\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send to moto");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("moto's answer");
-    assert!(response.starts_with("HTTP/1.1 200"), "{target}: {response}");
-    response
-}
-
-/// Creates a KMS key on moto and returns its ARN.
-fn create_key(endpoint: &str) -> String {
-    let answer = moto_kms(endpoint, "CreateKey", "{}");
-    let start = answer.find("\"Arn\": \"").map(|i| i + 8).expect("an Arn in the answer");
-    let len = answer[start..].find('"').expect("the Arn's end");
-    answer[start..start + len].to_owned()
-}
-
 async fn aws_kms(endpoint: &str, key_id: &str) -> Arc<dyn KeyWrapper> {
     let options = KmsOptions {
         endpoint: Some(endpoint.to_owned()),
@@ -270,7 +240,7 @@ async fn on_moto_the_kms_key_guards_the_repository_and_its_blob() -> TestResult 
     let endpoint = moto_endpoint();
     let cancel = CancellationToken::new();
     let store = s3_store("repo-kms", "team/a").await;
-    let arn = create_key(&endpoint);
+    let arn = kms::create_kms_key(&endpoint).expect("a KMS key on moto");
     let kms = aws_kms(&endpoint, &arn).await;
     let (created, _) =
         Repository::init(Arc::clone(&store), PASSWORD, &with_kms(Arc::clone(&kms)), &cancel)
@@ -311,7 +281,7 @@ async fn on_moto_the_kms_key_guards_the_repository_and_its_blob() -> TestResult 
     assert!(text.contains(&key.to_string()), "{text}");
 
     // Another key named in clear: the KMS refuses to decrypt with it.
-    let other = create_key(&endpoint);
+    let other = kms::create_kms_key(&endpoint).expect("a KMS key on moto");
     let mut renamed = file.clone();
     let KeyWrap::PasswordAndKms { kms_key_id, .. } = &mut renamed.wrap else {
         panic!("a KMS key file")
@@ -333,13 +303,14 @@ async fn on_moto_a_password_change_keeps_the_kms_and_an_alias_stores_the_arn() -
     let endpoint = moto_endpoint();
     let cancel = CancellationToken::new();
     let store = s3_store("repo-kms-passwd", "ns").await;
-    let arn = create_key(&endpoint);
+    let arn = kms::create_kms_key(&endpoint).expect("a KMS key on moto");
     let alias = "alias/ferry-repo-kms-test";
-    moto_kms(
+    kms::moto_kms(
         &endpoint,
         "CreateAlias",
         &format!(r#"{{"AliasName":"{alias}","TargetKeyId":"{arn}"}}"#),
-    );
+    )
+    .expect("moto\'s KMS");
     let kms = aws_kms(&endpoint, alias).await;
     let (repo, _) =
         Repository::init(Arc::clone(&store), PASSWORD, &with_kms(Arc::clone(&kms)), &cancel)
@@ -355,62 +326,21 @@ async fn on_moto_a_password_change_keeps_the_kms_and_an_alias_stores_the_arn() -
     Ok(())
 }
 
-/// Serves AWS's answer to `Decrypt` under a disabled key to every request. moto 5 does not
-/// refuse `Decrypt` under a key disabled with `DisableKey` (it ignores the key state), so
-/// this plays AWS's reply.
-async fn disabled_kms(arn: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a local port");
-    let addr = listener.local_addr().expect("its address");
-    let body = format!(r#"{{"__type":"DisabledException","message":"{arn} is disabled."}}"#);
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            let body = body.clone();
-            tokio::spawn(async move {
-                let mut request = Vec::new();
-                let mut buf = [0u8; 4096];
-                loop {
-                    let Ok(n) = socket.read(&mut buf).await else { return };
-                    if n == 0 {
-                        return;
-                    }
-                    request.extend_from_slice(&buf[..n]);
-                    let text = String::from_utf8_lossy(&request).to_ascii_lowercase();
-                    let Some(end) = text.find("\r\n\r\n") else { continue };
-                    let length = (text.lines())
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse::<usize>().ok())
-                        .unwrap_or(0);
-                    if request.len() >= end + 4 + length {
-                        break;
-                    }
-                }
-                let answer = format!(
-                    "HTTP/1.1 400 Bad Request\r\nContent-Type: application/x-amz-json-1.1\r\n\
-                     x-amzn-RequestId: test\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = socket.write_all(answer.as_bytes()).await;
-            });
-        }
-    });
-    format!("http://{addr}")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_right_password_a_disabled_kms_key_fails_saying_so() -> TestResult {
     let endpoint = moto_endpoint();
     let cancel = CancellationToken::new();
     let store = s3_store("repo-kms-disabled", "ns").await;
-    let arn = create_key(&endpoint);
+    let arn = kms::create_kms_key(&endpoint).expect("a KMS key on moto");
     let kms = aws_kms(&endpoint, &arn).await;
     Repository::init(Arc::clone(&store), PASSWORD, &with_kms(kms), &cancel).await?;
     // moto records the disable (by key id: it fails on an ARN here) but still decrypts, so
     // AWS's answer from then on is played by `disabled_kms`.
     let key_id = arn.rsplit('/').next().expect("the key id at the ARN's end");
-    moto_kms(&endpoint, "DisableKey", &format!(r#"{{"KeyId":"{key_id}"}}"#));
+    kms::moto_kms(&endpoint, "DisableKey", &format!(r#"{{"KeyId":"{key_id}"}}"#))
+        .expect("moto\'s KMS");
 
-    let disabled = aws_kms(&disabled_kms(&arn).await, &arn).await;
+    let disabled = aws_kms(&kms::kms_disabled(&arn).await, &arn).await;
     let refused = Repository::open_with(store, PASSWORD, &through(disabled), &cancel).await;
     assert!(
         matches!(kms_refusal(&refused), Some(KmsError::KeyDisabled { .. })),

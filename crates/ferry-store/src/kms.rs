@@ -717,7 +717,6 @@ mod tests {
         use std::time::Duration;
 
         use aws_sdk_kms::config::{BehaviorVersion, Credentials, Region};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
         use super::super::aws::{Class, arn_region, classify};
         use super::*;
@@ -820,56 +819,17 @@ mod tests {
             Ok(())
         }
 
-        /// Serves one fixed answer to every request, as AWS KMS's JSON protocol sends errors.
-        async fn answering(status: u16, code: &str, message: &str) -> String {
-            let listener =
-                tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a local port");
-            let addr = listener.local_addr().expect("its address");
-            let body = format!(r#"{{"__type":"{code}","message":"{message}"}}"#);
-            tokio::spawn(async move {
-                while let Ok((mut socket, _)) = listener.accept().await {
-                    let body = body.clone();
-                    tokio::spawn(async move {
-                        let mut request = Vec::new();
-                        let mut buf = [0u8; 4096];
-                        // Headers, then as many body bytes as Content-Length says.
-                        loop {
-                            let Ok(n) = socket.read(&mut buf).await else { return };
-                            if n == 0 {
-                                return;
-                            }
-                            request.extend_from_slice(&buf[..n]);
-                            let text = String::from_utf8_lossy(&request).to_ascii_lowercase();
-                            if let Some(end) = text.find("\r\n\r\n") {
-                                let length = text
-                                    .lines()
-                                    .find_map(|l| l.strip_prefix("content-length:"))
-                                    .and_then(|v| v.trim().parse::<usize>().ok())
-                                    .unwrap_or(0);
-                                if request.len() >= end + 4 + length {
-                                    break;
-                                }
-                            }
-                        }
-                        let answer = format!(
-                            "HTTP/1.1 {status} Error\r\nContent-Type: application/x-amz-json-1.1\r\n\
-                             x-amzn-RequestId: test\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                            body.len()
-                        );
-                        let _ = socket.write_all(answer.as_bytes()).await;
-                    });
-                }
-            });
-            format!("http://{addr}")
-        }
-
         #[tokio::test]
         async fn a_disabled_key_and_denied_access_say_what_to_do() -> Result<(), KmsError> {
             ferry_testbed::install_crypto_provider();
             let cancel = CancellationToken::new();
             let arn = "arn:aws:kms:us-east-1:123456789012:key/11111111-2222-3333-4444-555555555555";
-            let disabled =
-                answering(400, "DisabledException", &format!("{arn} is disabled.")).await;
+            let disabled = ferry_testbed::kms::kms_answering(
+                400,
+                "DisabledException",
+                &format!("{arn} is disabled."),
+            )
+            .await;
             let kms = AwsKms::new(options(&disabled, arn)).await?;
             match kms.unwrap(arn, b"blob", PURPOSE, &cancel).await {
                 Err(e @ KmsError::KeyDisabled { .. }) => {
@@ -879,7 +839,9 @@ mod tests {
                 }
                 other => panic!("expected KeyDisabled, got {other:?}"),
             }
-            let denied = answering(400, "AccessDeniedException", "not authorized").await;
+            let denied =
+                ferry_testbed::kms::kms_answering(400, "AccessDeniedException", "not authorized")
+                    .await;
             let kms = AwsKms::new(options(&denied, arn)).await?;
             let refused = kms.unwrap(arn, b"blob", PURPOSE, &cancel).await;
             assert!(

@@ -7,6 +7,8 @@
 //! - [`S3Server`]: moto's S3 server (or MinIO, for benchmarks) on a free port.
 //! - [`TlsFront`]: a TLS-terminating proxy in front of it, its certificate signed by a private
 //!   CA made for it (an S3 endpoint that needs a CA bundle).
+//! - [`kms`]: moto's KMS driven directly, and an endpoint answering as AWS KMS does where
+//!   moto does not.
 //! - [`velero::VeleroServer`]: the real `velero server` and CLI of the pinned version with
 //!   Velero's AWS plugin, built by `scripts/build-velero.sh` (cached), and Velero's own CRDs.
 //! - [`realnode::RealCluster`]: that control plane with a real node: kubelet, containerd and
@@ -21,6 +23,7 @@ mod control_plane;
 pub mod crds;
 pub mod goplugin_host;
 pub mod image;
+pub mod kms;
 mod moto;
 pub mod netns;
 pub mod paths;
