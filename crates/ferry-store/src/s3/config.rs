@@ -15,6 +15,8 @@ use crate::{StoreError, StoreResult};
 
 /// S3's smallest part size for every part but the last.
 pub(super) const MIN_PART_SIZE: u64 = 5 << 20;
+/// [`S3Options::multipart_threshold`]'s default.
+const DEFAULT_MULTIPART_THRESHOLD: u64 = 64 << 20;
 /// S3's largest part size.
 const MAX_PART_SIZE: u64 = 5 << 30;
 /// Region used when none is configured and the environment names none.
@@ -54,7 +56,9 @@ pub struct S3Options {
     /// Fixed credentials; `None` uses the standard AWS credential chain (environment,
     /// profile, web identity, container and instance metadata).
     pub credentials: Option<StaticCredentials>,
-    /// Objects larger than this are uploaded in parts.
+    /// Objects larger than this are uploaded in parts. The default, 64 MiB, keeps every pack a
+    /// repository writes with default settings (16 MiB and at most one more blob) one
+    /// `PutObject`: a multipart upload costs two more requests and a part per 8 MiB.
     pub multipart_threshold: u64,
     /// Size of each part of a multipart upload (at least 5 MiB, S3's minimum); grown for
     /// objects that would otherwise need more than 10,000 parts.
@@ -98,7 +102,7 @@ impl Default for S3Options {
             region: None,
             force_path_style: false,
             credentials: None,
-            multipart_threshold: 16 << 20,
+            multipart_threshold: DEFAULT_MULTIPART_THRESHOLD,
             part_size: 8 << 20,
             part_concurrency: 4,
             list_page_size: None,

@@ -73,6 +73,41 @@ async fn large_objects_go_up_in_parts_below_the_prefix() {
     assert_eq!(pending_uploads(&client, store.bucket()).await, 0);
 }
 
+/// With the default options a pack of a default repository (16 MiB, one more blob, its
+/// header: well under 64 MiB) is one `PutObject`, not a multipart upload of three requests
+/// more; only larger objects go up in parts.
+#[tokio::test]
+async fn pack_sized_objects_are_one_put_by_default() {
+    let moto = MotoServer::shared();
+    let client = admin_client(&moto.endpoint());
+    let bucket = unique_bucket();
+    create_bucket(&client, &bucket).await;
+    let defaults = S3Options::default();
+    let options = S3Options {
+        multipart_threshold: defaults.multipart_threshold,
+        part_size: defaults.part_size,
+        ..s3_options(&moto.endpoint())
+    };
+    let config = S3Config { bucket: bucket.clone(), prefix: String::new(), options };
+    let store = S3Store::new(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let e_tag = |name: &'static str| {
+        let client = client.clone();
+        let bucket = bucket.clone();
+        async move {
+            let head = client.head_object().bucket(bucket).key(name).send().await;
+            head.ok().and_then(|h| h.e_tag).unwrap_or_default().trim_matches('"').to_owned()
+        }
+    };
+    let pack = (33 << 20) + 5;
+    store.put_if_absent(&key("pack"), data(pack, 1), &live()).await.expect("put");
+    let single = e_tag("pack").await;
+    assert!(!single.is_empty() && !single.contains('-'), "one PUT, ETag {single}");
+    let above = usize::try_from(defaults.multipart_threshold).expect("fits") + 1;
+    store.put_if_absent(&key("large"), data(above, 2), &live()).await.expect("put");
+    let parts = e_tag("large").await;
+    assert!(parts.ends_with("-9"), "64 MiB + 1 in 8 MiB parts, ETag {parts}");
+}
+
 #[tokio::test]
 async fn prefix_isolates_stores_and_foreign_objects_are_skipped() {
     let (store, moto) = fixture().await;
