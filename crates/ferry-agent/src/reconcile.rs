@@ -143,18 +143,21 @@ async fn accept<C: MoverCr>(cr: &Arc<C>, ctx: &Arc<Ctx<C>>) -> Result<Action, Re
 
 /// A CR canceled before any node accepted it goes straight to Canceled; nothing was exposed,
 /// but the exposer is asked to clean up anyway (it is idempotent) so nothing can leak. The
-/// clean-up comes first, so a CR that reads Canceled has nothing left behind; it is safe
-/// before the phase write: no node accepts a CR that asks to be canceled, and one that
-/// accepted before the cancel would have moved it out of New.
+/// clean-up comes first, so a CR that reads Canceled has had its clean-up tried (a failure is
+/// a `CleanupFailed` Warning Event); it is safe before the phase write: no node accepts a CR
+/// that asks to be canceled, and one that accepted before the cancel moved it out of New.
 async fn cancel_new<C: MoverCr>(cr: &Arc<C>, ctx: &Arc<Ctx<C>>) -> Result<Action, ReconcileError> {
     let exposer = C::exposer(&ctx.backends);
     if let Err(e) = exposer.cleanup(cr, cr.operation_timeout()).await {
+        let error = crate::error::error_chain(&e);
         tracing::warn!(
             kind = C::KIND,
             name = %cr.name_any(),
-            error = %crate::error::error_chain(&e),
+            error = %error,
             "cleanup after cancel of a new CR failed"
         );
+        let note = format!("cleanup after the cancel failed: {error}");
+        ctx.events.warning(&**cr, "CleanupFailed", note).await;
     }
     let mut next = (**cr).clone();
     next.set_phase(Phase::Canceled);

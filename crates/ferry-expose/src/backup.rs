@@ -148,7 +148,21 @@ impl CsiBackupExposer {
             &self.config.namespace,
             source_content.labels().get(objects::MANAGED_BY_LABEL).map(String::as_str),
         )?;
-        create_or_get(&self.contents(), &content, "creating the backup content").await?;
+        let made = create_or_get(&self.contents(), &content, "creating the backup content").await?;
+        // One made by an earlier Ferry, without the label, would never be readied by a
+        // distributed snapshotter: label it now.
+        if let Some(node) =
+            source_content.labels().get(objects::MANAGED_BY_LABEL).filter(|n| !n.is_empty())
+            && made.labels().get(objects::MANAGED_BY_LABEL) != Some(node)
+        {
+            update(&self.contents(), &name, "labelling the backup content with its node", |c| {
+                let labels = c.labels_mut();
+                let change = labels.get(objects::MANAGED_BY_LABEL) != Some(node);
+                labels.insert(objects::MANAGED_BY_LABEL.to_owned(), node.clone());
+                change
+            })
+            .await?;
+        }
         // The physical snapshot now has two owners; let go of the source's claim on it.
         update(&self.contents(), &source_content_name, "retaining the source content", |c| {
             let change = c.spec.deletion_policy != "Retain";

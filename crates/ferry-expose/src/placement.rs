@@ -118,7 +118,9 @@ pub(crate) fn node_affinity(
     })
 }
 
-/// A term with no requirement (it would match every node, and the API server refuses it).
+/// A term with no requirement. Kubernetes matches no node with it, so next to other terms it
+/// changes nothing; a PV whose terms are all empty (a broken PV) adds no requirement here
+/// rather than making the holding pod unschedulable for good.
 fn is_empty(term: &NodeSelectorTerm) -> bool {
     term.match_expressions.as_ref().is_none_or(Vec::is_empty)
         && term.match_fields.as_ref().is_none_or(Vec::is_empty)

@@ -257,9 +257,9 @@ impl NodeNamespaces {
         if unsafe { libc::poll(&raw mut poll, 1, 5_000) } == 1 {
             return;
         }
-        // SAFETY: pidfd_send_signal(2) through the pidfd: never another process.
+        self.kill();
+        // SAFETY: poll(2) on one pidfd this struct owns.
         unsafe {
-            libc::syscall(libc::SYS_pidfd_send_signal, self.init.as_raw_fd(), libc::SIGKILL, 0, 0);
             libc::poll(&raw mut poll, 1, 5_000);
         }
     }

@@ -93,13 +93,14 @@ fn loop_devices() -> std::collections::BTreeSet<String> {
         .collect()
 }
 
-/// A real node SIGKILLed with a block volume mapped into a pod (the CSI driver's loop device
-/// and the kubelet's reference to it) leaves no process, folder, cgroup or loop device.
+/// A real cluster of two nodes SIGKILLed with a block volume mapped into a pod (the CSI
+/// driver's loop device and the kubelet's reference to it) leaves no process, folder (the
+/// cluster's and each node's), cgroup (each node's) or loop device.
 #[test]
-fn a_real_node_vanishes_on_sigkill() {
+fn a_real_cluster_vanishes_on_sigkill() {
     let before = loop_devices();
     let mut child = Command::new(env!("CARGO_BIN_EXE_ferry-testbed"))
-        .arg("node")
+        .args(["node", "--nodes", "2"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -114,8 +115,13 @@ fn a_real_node_vanishes_on_sigkill() {
         .iter()
         .map(|p| u32::try_from(p.as_u64().expect("pid")).expect("pid fits"))
         .collect();
-    let dir = PathBuf::from(info["dir"].as_str().expect("dir"));
-    let cgroup = info["cgroup"].as_str().expect("cgroup").to_owned();
+    let nodes = info["nodes"].as_array().expect("nodes").clone();
+    assert_eq!(nodes.len(), 2, "{info}");
+    let mut dirs = vec![PathBuf::from(info["dir"].as_str().expect("dir"))];
+    dirs.extend(nodes.iter().map(|n| PathBuf::from(n["dir"].as_str().expect("node dir"))));
+    let node_cgroups: Vec<String> =
+        nodes.iter().map(|n| n["cgroup"].as_str().expect("cgroup").to_owned()).collect();
+    assert!(dirs.iter().all(|d| d.exists()), "every folder exists while it runs: {dirs:?}");
     let kubeconfig = PathBuf::from(info["kubeconfig"].as_str().expect("kubeconfig"));
     let manifest = r#"
 apiVersion: v1
@@ -163,7 +169,7 @@ spec:
         std::fs::read_dir("/sys/fs/cgroup")
             .map(|d| {
                 d.filter_map(Result::ok)
-                    .map(|e| e.path().join(&cgroup))
+                    .flat_map(|e| node_cgroups.iter().map(move |c| e.path().join(c)))
                     .filter(|p| p.exists())
                     .collect()
             })
@@ -173,13 +179,14 @@ spec:
         let alive: Vec<_> = pids.iter().filter(|p| alive(**p)).collect();
         let loops: Vec<_> = loop_devices().difference(&before).cloned().collect();
         let left = cgroups();
-        if alive.is_empty() && loops.is_empty() && left.is_empty() && !dir.exists() {
+        let folders: Vec<_> = dirs.iter().filter(|d| d.exists()).collect();
+        if alive.is_empty() && loops.is_empty() && left.is_empty() && folders.is_empty() {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "left behind: pids {alive:?}, loop devices {loops:?}, cgroups {left:?}, dir exists: {}",
-            dir.exists()
+            "left behind: pids {alive:?}, loop devices {loops:?}, cgroups {left:?}, folders \
+             {folders:?}"
         );
         std::thread::sleep(Duration::from_millis(200));
     }

@@ -102,6 +102,7 @@ impl RealCluster {
         if count == 0 {
             bail!("a cluster needs at least one node");
         }
+        node::enough_disk(&std::env::temp_dir(), count)?;
         let bin = paths::realnode_bin()?;
         let cp = ControlPlane::start_with(Options { for_nodes: true }).await?;
         process::remove_on_exit(cp.dir())?;
@@ -329,7 +330,9 @@ deletionPolicy: Delete
     }
 
     /// Loses node `index` as a power cut does (see [`KubeNode::power_off`]); the cluster
-    /// keeps its Node object, which the node-lifecycle controller marks NotReady.
+    /// keeps its Node object, which the node-lifecycle controller marks NotReady. With one node
+    /// the CSI provisioner and snapshotter run cluster-wide and stay (a node of several takes
+    /// its own down with it). A powered-off node's paths, images and relays are gone.
     ///
     /// # Panics
     /// No node has that index.

@@ -71,7 +71,6 @@ impl KubeNode {
 
     async fn prepare(&mut self, cp: &ControlPlane) -> anyhow::Result<()> {
         let root = self.dir.path().to_path_buf();
-        enough_disk(&root)?;
         for d in [
             "var-lib",
             "var-log",
@@ -516,12 +515,14 @@ fileCheckFrequency: 10s
     /// driver, every pod) is killed at once; its files stay until the node is dropped. The API
     /// server keeps its Node object, which the node-lifecycle controller marks NotReady.
     pub fn power_off(&self) {
+        // Everything in the node's namespaces (kubelet, containerd, the driver, every pod)
+        // first and at once; then its processes on the host (its CSI sidecars).
+        if let Some(ns) = &self.namespaces {
+            ns.kill();
+        }
         let mut components = self.components();
         while let Some(mut c) = components.pop() {
             c.stop();
-        }
-        if let Some(ns) = &self.namespaces {
-            ns.kill();
         }
     }
 
@@ -552,29 +553,31 @@ impl Drop for KubeNode {
     }
 }
 
-/// The free space a node needs on the file system of its folder: the kubelet evicts pods
+/// The free space each node needs on the file system of its folder: the kubelet evicts pods
 /// when less than 1 % is free (`evictionHard`), and the tests' volumes, images and
 /// repositories take a few GiB.
 const MIN_FREE_BYTES: u64 = 3 << 30;
 const MIN_FREE_PERCENT: u64 = 3;
 
-/// Refuses to start a node where the kubelet would soon evict its pods for lack of disk (a
-/// `DiskPressure` eviction mid-test reads as a flaky agent), saying how much is free.
-fn enough_disk(dir: &Path) -> anyhow::Result<()> {
+/// Refuses to start `nodes` nodes with folders in `dir` where their kubelets would soon evict
+/// pods for lack of disk (a `DiskPressure` eviction mid-test reads as a flaky agent), saying
+/// how much is free.
+pub(super) fn enough_disk(dir: &Path, nodes: usize) -> anyhow::Result<()> {
+    let needed = MIN_FREE_BYTES.saturating_mul(u64::try_from(nodes).unwrap_or(u64::MAX));
     let st =
         nix::sys::statvfs::statvfs(dir).with_context(|| format!("statvfs of {}", dir.display()))?;
     let fragment = st.fragment_size();
     let free = st.blocks_available().saturating_mul(fragment);
     let total = st.blocks().saturating_mul(fragment);
-    if free < MIN_FREE_BYTES || free.saturating_mul(100) < total.saturating_mul(MIN_FREE_PERCENT) {
+    if free < needed || free.saturating_mul(100) < total.saturating_mul(MIN_FREE_PERCENT) {
         bail!(
-            "only {} MiB of {} MiB free on the file system of {}: a real node needs at least \
-             {} MiB and {MIN_FREE_PERCENT} % free (the kubelet evicts pods under disk pressure); \
-             free some space (build caches such as target/debug/incremental are large)",
+            "only {} MiB of {} MiB free on the file system of {}: {nodes} real node(s) need at \
+             least {} MiB and {MIN_FREE_PERCENT} % free (the kubelet evicts pods under disk \
+             pressure); free some space (build caches such as target/debug/incremental are large)",
             free >> 20,
             total >> 20,
             dir.display(),
-            MIN_FREE_BYTES >> 20
+            needed >> 20
         );
     }
     Ok(())

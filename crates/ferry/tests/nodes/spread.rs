@@ -15,6 +15,7 @@ use kube::{Client, ResourceExt};
 
 use crate::node::{self, TestResult};
 use crate::spans::max_overlap;
+use crate::support;
 
 const UPLOADS: usize = 30;
 /// The chart's node-agent ConfigMap: `loadConcurrency.globalConfig`.
@@ -89,8 +90,12 @@ pub async fn thirty_uploads_each_move_once_where_their_data_is(setup: &node::Nod
         for reason in ["TakenOver", "Resumed", "Failed", "Canceled", "CleanupFailed"] {
             assert!(!events.contains_key(reason), "{name}: events {events:?}");
         }
-        let start = status.start_timestamp.clone().ok_or("no startTimestamp")?.0;
-        let end = status.completion_timestamp.clone().ok_or("no completionTimestamp")?.0;
+        // The status's timestamps are whole seconds, and these transfers take less: the
+        // Events' times (microseconds) bound each movement, from the slot taken (InProgress)
+        // to the CR written Completed, the slot released only after.
+        let start = support::event_time(&client, &name, "InProgress").await?;
+        let end = support::event_time(&client, &name, "Completed").await?;
+        assert!(start < end, "{name}: InProgress at {start}, Completed at {end}");
         spans.entry(status.node.clone()).or_default().push((start, end));
     }
     eprintln!("accepted by: {accepted_by:?}");

@@ -81,3 +81,34 @@ pub fn agent_logs(cluster: &ferry_testbed::realnode::RealCluster) -> String {
     }
     out
 }
+
+/// When the agents' first `reason` Event on the CR `name` was recorded (its `eventTime`, to
+/// the microsecond), waiting (up to 30 s) for it: the Event follows the status write.
+pub async fn event_time(
+    client: &Client,
+    name: &str,
+    reason: &str,
+) -> Result<ferry_api::k8s_openapi::jiff::Timestamp, Box<dyn std::error::Error>> {
+    use ferry_api::k8s_openapi::api::events::v1::Event;
+    let events: Api<Event> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let first = events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .filter(|e| e.reporting_controller.as_deref() == Some("ferry-agent"))
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter_map(|e| e.event_time.map(|t| t.0))
+            .min();
+        if let Some(at) = first {
+            return Ok(at);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no {reason} Event on {name} within 30 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

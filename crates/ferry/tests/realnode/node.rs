@@ -55,6 +55,8 @@ pub struct Node {
     pub cluster: &'static RealCluster,
     /// The S3 endpoint as the host (and the `ferry` CLI in tests) reaches it.
     pub s3_endpoint: String,
+    /// Relays S3 into every node while the set-up lives.
+    _relay: ferry_testbed::netns::Forwarder,
 }
 
 /// The node, set up on first use.
@@ -80,10 +82,8 @@ pub async fn set_up_on(cluster: &'static RealCluster, values: &[&str]) -> anyhow
     s3.create_bucket(BUCKET)?;
     let port: u16 = s3.endpoint().rsplit(':').next().unwrap_or_default().parse()?;
     // Pods reach moto on the host's loopback through the node's address; the relay lives as
-    // long as the test binary.
-    static RELAY: OnceLock<ferry_testbed::netns::Forwarder> = OnceLock::new();
+    // long as the set-up (for the shared one, the test binary).
     let relay = cluster.expose_host_port(port)?;
-    let _ = RELAY.set(relay);
     let client = cluster.client()?;
     let endpoint = format!("http://{}:{port}", realnode::NODE_IP);
     velero_crs::create_bsl(&client, BSL, BUCKET, &endpoint, CREDENTIALS)
@@ -108,7 +108,7 @@ pub async fn set_up_on(cluster: &'static RealCluster, values: &[&str]) -> anyhow
     }
     all.extend(values);
     cluster.install_ferry(binary, &all).await?;
-    Ok(Node { cluster, s3_endpoint: s3.endpoint().to_owned() })
+    Ok(Node { cluster, s3_endpoint: s3.endpoint().to_owned(), _relay: relay })
 }
 
 impl Node {

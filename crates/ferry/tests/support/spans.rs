@@ -4,8 +4,9 @@ use ferry_api::k8s_openapi::jiff::Timestamp;
 
 /// The most intervals `[start, end)` of `spans` that overlap at any instant.
 pub fn max_overlap(spans: &[(Timestamp, Timestamp)]) -> usize {
-    // Ends sort before starts at the same instant: half-open intervals. Timestamps are
-    // truncated to the second by the API, which never makes disjoint intervals overlap.
+    // Ends sort before starts at the same instant: half-open intervals. Timestamps truncated
+    // to the second never make disjoint intervals overlap, but can hide an overlap shorter
+    // than a second: measure with finer times where movements are short.
     let mut edges: Vec<(Timestamp, i32)> =
         spans.iter().flat_map(|&(s, e)| [(s, 1), (e, -1)]).collect();
     edges.sort();
