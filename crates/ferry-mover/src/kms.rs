@@ -109,7 +109,7 @@ impl Envelope {
                 )
             }
             (RepoError::Kms { .. }, None) => format!("no {KMS_KEY_ID_KEY} in {secret}"),
-            (RepoError::KmsKeyNeeded { .. }, _) => format!(
+            (RepoError::KmsKeyNeeded { .. }, None) => format!(
                 "{secret} has no {KMS_KEY_ID_KEY}: set it to a KMS key (and {KMS_ENDPOINT_KEY} \
                  for an endpoint other than AWS's) so that the agents open repositories \
                  through KMS, and grant the BackupStorageLocation's credentials kms:Decrypt \

@@ -50,6 +50,6 @@ pub use secrets::{
     VELERO_PASSWORD_SECRET,
 };
 pub use source::{
-    BslRepositories, FixedRepository, OLD_REPOSITORY_FOLDER, OpenedRepository, REPOSITORY_FOLDER,
-    RepositorySource, old_repository_prefix, repository_prefix,
+    BslRepositories, FixedRepository, InUse, OLD_REPOSITORY_FOLDER, OpenedRepository,
+    REPOSITORY_FOLDER, RepositorySource, old_repository_prefix, repository_prefix,
 };

@@ -16,12 +16,12 @@ use ferry_api::{DataDownload, DataUpload};
 use ferry_repo::{
     BackupOptions, Fidelity, Place, Progress, ProgressFn, RepoError, Repository, RestoreOptions,
     SnapshotId, SnapshotKind, VolumeBackupOptions, VolumeRestoreOptions, Withheld, backup_tree_at,
-    backup_volume_at, restore_at, restore_volume_at,
+    backup_volume_at, restore_at, restore_volume_at, thread_budget,
 };
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::{MoverError, RepositorySource};
+use crate::{InUse, MoverError, RepositorySource};
 
 /// The tag holding the DataUpload's name on each snapshot.
 pub const DATA_UPLOAD_TAG: &str = "ferry.io/data-upload";
@@ -37,6 +37,9 @@ pub const DATA_UPLOAD_TAG: &str = "ferry.io/data-upload";
 pub struct RepoMover {
     repos: Arc<dyn RepositorySource>,
     fidelity: Fidelity,
+    /// Data movements this process runs at once (the agent's concurrency): they share the
+    /// memory allowance of the data path's threads.
+    jobs: usize,
 }
 
 impl std::fmt::Debug for RepoMover {
@@ -49,7 +52,21 @@ impl RepoMover {
     /// A mover using `repos`.
     #[must_use]
     pub fn new(repos: Arc<dyn RepositorySource>) -> Self {
-        Self { repos, fidelity: Fidelity::CONFINED }
+        Self { repos, fidelity: Fidelity::CONFINED, jobs: 1 }
+    }
+
+    /// Runs up to `jobs` data movements at once: each gets its share of the threads the
+    /// pod's memory limit allows ([`thread_budget::ThreadBudget::per_job`]).
+    #[must_use]
+    pub fn with_concurrent_jobs(mut self, jobs: usize) -> Self {
+        self.jobs = jobs.max(1);
+        self
+    }
+
+    /// Worker threads for one data movement now (the pod's limits are read again each time:
+    /// they can be resized in place).
+    fn threads(&self) -> usize {
+        thread_budget::default_threads().per_job(self.jobs)
     }
 
     /// Restores with `fidelity` where the DataDownload does not say otherwise.
@@ -120,7 +137,7 @@ impl RepoMover {
         location: &str,
         namespace: &str,
         cancel: &CancellationToken,
-    ) -> Result<(Repository, String, Vec<String>), WorkError> {
+    ) -> Result<(Repository, String, Vec<String>, Option<InUse>), WorkError> {
         let opened = self.repos.open(location, namespace, cancel).await.map_err(|e| {
             // Stopped by the token (a store or KMS call cut short): not a failure of the CR.
             if cancel.is_cancelled() { WorkError::Canceled } else { WorkError::from_error(e) }
@@ -128,7 +145,8 @@ impl RepoMover {
         if let Some(warning) = &opened.warning {
             tracing::warn!(repository = %opened.location, "{warning}");
         }
-        Ok((opened.repo, opened.location, opened.warning.into_iter().collect()))
+        let warnings = opened.warning.into_iter().collect();
+        Ok((opened.repo, opened.location, warnings, opened.in_use))
     }
 }
 
@@ -204,7 +222,8 @@ impl DataMover for RepoMover {
         progress: ProgressSink,
         cancel: CancellationToken,
     ) -> Result<BackupOutcome, WorkError> {
-        let (repo, location, warnings) =
+        // Held until the backup ends: the repository is not closed as idle under it.
+        let (repo, location, warnings, _in_use) =
             self.open(&du.spec.backup_storage_location, &du.spec.source_namespace, &cancel).await?;
         let source = source_of(du);
         let kind = match volume.mode {
@@ -222,16 +241,24 @@ impl DataMover for RepoMover {
         let report = Some(reporter(progress.clone()));
         let (snapshot_id, total, new) = match volume.mode {
             VolumeMode::Filesystem => {
+                let threads = self.threads();
                 let options =
-                    BackupOptions { parent, tags, source, hostname, ..Default::default() };
+                    BackupOptions { parent, tags, source, hostname, threads, ..Default::default() };
                 let s = backup_tree_at(&repo, place(volume)?, &options, report, &cancel)
                     .await
                     .map_err(|e| work_error("backing up the volume", &location, e))?;
                 (s.snapshot_id, s.bytes_total, s.bytes_new)
             }
             VolumeMode::Block => {
-                let options =
-                    VolumeBackupOptions { parent, tags, source, hostname, ..Default::default() };
+                let threads = self.threads();
+                let options = VolumeBackupOptions {
+                    parent,
+                    tags,
+                    source,
+                    hostname,
+                    threads,
+                    ..Default::default()
+                };
                 let s = backup_volume_at(&repo, place(volume)?, &options, report, &cancel)
                     .await
                     .map_err(|e| work_error("backing up the block volume", &location, e))?;
@@ -258,7 +285,7 @@ impl DataMover for RepoMover {
     ) -> Result<RestoreOutcome, WorkError> {
         // Read first: a mistyped key fails the DataDownload before anything is written.
         let fidelity = restore_fidelity(dd, self.fidelity).map_err(WorkError::failed)?;
-        let (repo, location, warnings) =
+        let (repo, location, warnings, _in_use) =
             self.open(&dd.spec.backup_storage_location, &dd.spec.source_namespace, &cancel).await?;
         let id = repo
             .find_snapshot(&dd.spec.snapshot_id, &cancel)
@@ -277,7 +304,9 @@ impl DataMover for RepoMover {
         let mut withheld = None;
         let written = match volume.mode {
             VolumeMode::Filesystem => {
-                let options = RestoreOptions { sparse, fidelity, ..RestoreOptions::default() };
+                let threads = self.threads();
+                let options =
+                    RestoreOptions { sparse, fidelity, threads, ..RestoreOptions::default() };
                 let summary = restore_at(&repo, &id, place(volume)?, &options, report, &cancel)
                     .await
                     .map_err(|e| work_error("restoring the volume", &location, e))?;
@@ -286,7 +315,10 @@ impl DataMover for RepoMover {
             }
             VolumeMode::Block => {
                 // A freshly provisioned volume is not known to read as zeros: write them.
-                let options = VolumeRestoreOptions::default();
+                let options = VolumeRestoreOptions {
+                    threads: self.threads(),
+                    ..VolumeRestoreOptions::default()
+                };
                 restore_volume_at(&repo, &id, place(volume)?, &options, report, &cancel)
                     .await
                     .map_err(|e| work_error("restoring the block volume", &location, e))?

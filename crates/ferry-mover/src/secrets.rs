@@ -75,10 +75,22 @@ fn kms_settings(
     let (key_id, endpoint) = (text(KMS_KEY_ID_KEY)?, text(KMS_ENDPOINT_KEY)?);
     if let Some(endpoint) = &endpoint {
         let url = endpoint.to_ascii_lowercase();
-        if !(url.starts_with("https://") || url.starts_with("http://")) {
+        let Some((_, rest)) =
+            url.split_once("://").filter(|(scheme, _)| *scheme == "https" || *scheme == "http")
+        else {
             return Err((
                 KMS_ENDPOINT_KEY,
                 format!("{endpoint:?} is not an http:// or https:// URL"),
+            ));
+        };
+        // Never echoed: it may carry a password. The agents sign KMS requests with the
+        // BackupStorageLocation's credentials.
+        if rest.split('/').next().is_some_and(|authority| authority.contains('@')) {
+            return Err((
+                KMS_ENDPOINT_KEY,
+                "the URL carries credentials (user@host): remove them; KMS requests are signed \
+                 with the BackupStorageLocation's credentials"
+                    .to_owned(),
             ));
         }
     }
@@ -240,5 +252,11 @@ mod tests {
         let (key, reason) =
             refused(&[(KMS_KEY_ID_KEY, b"alias/ferry"), (KMS_ENDPOINT_KEY, b"kms.example:443")]);
         assert!(key == KMS_ENDPOINT_KEY && reason.contains("not an http"), "{reason}");
+        let (key, reason) = refused(&[
+            (KMS_KEY_ID_KEY, b"alias/ferry"),
+            (KMS_ENDPOINT_KEY, b"https://admin:hunter2@kms.example/x"),
+        ]);
+        assert!(key == KMS_ENDPOINT_KEY && reason.contains("carries credentials"), "{reason}");
+        assert!(!reason.contains("hunter2"), "the password is never echoed: {reason}");
     }
 }

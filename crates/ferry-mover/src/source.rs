@@ -58,6 +58,27 @@ pub struct OpenedRepository {
     /// Something the operator should act on, found while opening (the repository opened
     /// only with Velero's password); the caller logs it or raises it as a Warning Event.
     pub warning: Option<String>,
+    /// Keeps a kept repository from being closed as idle while the caller uses it; the idle
+    /// time counts from its drop. `None` where nothing is closed.
+    pub in_use: Option<InUse>,
+}
+
+/// Marks a repository kept by [`BslRepositories`] as in use while alive: it is never closed
+/// as idle then, and its idle time starts again when the last user drops this. A clone is
+/// one more user.
+#[derive(Debug, Clone)]
+pub struct InUse(Arc<std::sync::Mutex<Instant>>);
+
+impl InUse {
+    fn new(last_used: &Arc<std::sync::Mutex<Instant>>) -> Self {
+        Self(Arc::clone(last_used))
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+    }
 }
 
 /// Finds and opens the repository for a BackupStorageLocation and source namespace.
@@ -104,6 +125,7 @@ impl RepositorySource for FixedRepository {
             repo: self.repo.clone(),
             location: self.location.clone(),
             warning: None,
+            in_use: None,
         })
     }
 }
@@ -140,7 +162,23 @@ struct Kept {
     described: String,
     /// The BSL and credential versions it was opened with.
     versions: String,
-    used: Instant,
+    /// When it was last opened or last let go of; shared with every [`InUse`] handed out,
+    /// so more than one holder means in use.
+    last_used: Arc<std::sync::Mutex<Instant>>,
+}
+
+impl Kept {
+    /// Unused (no [`InUse`] alive) for at least `idle`.
+    fn idle_for(&self, idle: Duration) -> bool {
+        Arc::strong_count(&self.last_used) == 1
+            && self.last_used.lock().unwrap_or_else(std::sync::PoisonError::into_inner).elapsed()
+                >= idle
+    }
+
+    fn in_use(&self) -> InUse {
+        *self.last_used.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+        InUse::new(&self.last_used)
+    }
 }
 
 /// A BSL read as an S3 location.
@@ -217,17 +255,38 @@ impl BslRepositories {
         Arc::clone(self.slots().entry(key.clone()).or_default())
     }
 
-    /// Closes every repository unused for the idle time (none that is being opened or used
-    /// right now: their slots are locked).
-    fn close_idle(&self) {
+    /// Closes every repository unused for the idle time (none that is being opened, whose
+    /// slot is locked, or used: an [`InUse`] of it is alive).
+    pub fn close_idle(&self) {
         for slot in self.slots().values() {
             if let Ok(mut kept) = slot.try_lock()
-                && kept.as_ref().is_some_and(|k| k.used.elapsed() >= self.idle_close)
+                && kept.as_ref().is_some_and(|k| k.idle_for(self.idle_close))
                 && let Some(closed) = kept.take()
             {
                 tracing::info!(repository = %closed.described, "closed an idle repository");
             }
         }
+    }
+
+    /// Closes idle repositories as they become idle (checked every quarter of the idle time,
+    /// at least every minute), not only when the next CR opens one, until `cancel` fires or
+    /// `self` is dropped.
+    pub fn spawn_idle_closer(
+        self: &Arc<Self>,
+        cancel: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let every = (self.idle_close / 4).clamp(Duration::from_millis(50), Duration::from_secs(60));
+        let repos = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(every) => {}
+                }
+                let Some(repos) = repos.upgrade() else { return };
+                repos.close_idle();
+            }
+        })
     }
 
     /// Gives every repository opened a local cache in `cache` (see [`CacheOptions`]).
@@ -266,7 +325,13 @@ impl BslRepositories {
         let (ca_bundle, ca_version) = self.ca_bundle(location, &loc).await?;
         // Ferry's own secret too: a rotation (previous-repository-password) and a changed
         // kms-key-id or kms-endpoint reach repositories kept open.
-        let own = self.secrets().own_settings().await?;
+        let mut own = self.secrets().own_settings().await?;
+        if own.version.is_empty() {
+            // Made here (race-safely), not by the first open: the versions below are then the
+            // ones that repository is kept with, and the next CR does not open it again.
+            self.secrets().own_password().await?;
+            own = self.secrets().own_settings().await?;
+        }
         let kms_version = own.kms.as_ref().map_or_else(String::new, |k| {
             format!("{}@{}", k.key_id, k.endpoint.as_deref().unwrap_or_default())
         });
@@ -534,12 +599,12 @@ impl RepositorySource for BslRepositories {
         let slot = self.slot(&(location.to_owned(), namespace.to_owned()));
         // Only CRs of this repository wait here while it is opened.
         let mut kept = slot.lock().await;
-        if let Some(k) = kept.as_mut().filter(|k| k.versions == site.versions) {
-            k.used = Instant::now();
+        if let Some(k) = kept.as_ref().filter(|k| k.versions == site.versions) {
             return Ok(OpenedRepository {
                 repo: k.repo.clone(),
                 location: k.described.clone(),
                 warning: None,
+                in_use: Some(k.in_use()),
             });
         }
         if let Some(stale) = kept.take() {
@@ -556,13 +621,15 @@ impl RepositorySource for BslRepositories {
         if let Some(cache) = &self.cache {
             repo.set_cache(cache);
         }
-        *kept = Some(Kept {
+        let fresh = Kept {
             repo: repo.clone(),
             described: new.described.clone(),
             versions: site.versions,
-            used: Instant::now(),
-        });
-        Ok(OpenedRepository { repo, location: new.described, warning })
+            last_used: Arc::new(std::sync::Mutex::new(Instant::now())),
+        };
+        let in_use = Some(fresh.in_use());
+        *kept = Some(fresh);
+        Ok(OpenedRepository { repo, location: new.described, warning, in_use })
     }
 }
 

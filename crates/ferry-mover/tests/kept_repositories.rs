@@ -70,6 +70,32 @@ async fn repositories_unused_for_the_idle_time_are_closed() {
     assert!(reopened.repo.snapshots(&cancel).await.expect("list").is_empty(), "opens again");
 }
 
+/// A repository in use (a data movement longer than the idle time) is not closed under it,
+/// so the next CR of its namespace reuses it instead of opening it a second time; once let go,
+/// the idle closer closes it without waiting for another CR.
+#[tokio::test]
+async fn a_repository_in_use_stays_open_and_closes_once_idle_without_a_new_cr() {
+    let world = World::new("kept-in-use").await;
+    let cancel = CancellationToken::new();
+    let source = std::sync::Arc::new(world.source().with_idle_close(Duration::ZERO));
+    let using = source.open(BSL, "one", &cancel).await.expect("open one");
+    assert!(using.in_use.is_some(), "a kept repository is handed out in use");
+    source.open(BSL, "two", &cancel).await.expect("open two");
+    assert_eq!(source.open_count(), 2, "the one in use was not closed as idle");
+    let again = source.open(BSL, "one", &cancel).await.expect("open one again");
+    assert_eq!(again.repo.key_files_tried(), using.repo.key_files_tried(), "the same handle");
+    drop((using, again));
+
+    let closer = source.spawn_idle_closer(cancel.clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while source.open_count() > 0 {
+        assert!(std::time::Instant::now() < deadline, "idle repositories stay open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cancel.cancel();
+    closer.await.expect("the closer ends on cancel");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_repository_holds_up_no_other() {
     let world = World::new("kept-stalled").await;

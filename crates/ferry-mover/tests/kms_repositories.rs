@@ -5,7 +5,6 @@
 
 mod common;
 
-use ferry_testbed::kms;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -20,6 +19,7 @@ use ferry_mover::{
 use ferry_repo::{OpenOptions, RepoError, Repository};
 use ferry_store::{AwsKms, KeyWrapper, KmsOptions, ObjectStore, StaticCredentials};
 use ferry_testbed::S3Server;
+use ferry_testbed::kms;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;

@@ -94,6 +94,21 @@ impl ThreadBudget {
     }
 }
 
+impl ThreadBudget {
+    /// Threads for each of `jobs` data movements running at once in this process (an agent's
+    /// concurrency): the memory allowance is shared among them, since each job's workers hold
+    /// their own buffers; the CPU allowance is not (a job waiting on the network leaves its
+    /// CPUs to the others). At least 1.
+    #[must_use]
+    pub fn per_job(&self, jobs: usize) -> usize {
+        let by_cpu = self.cpus.max(1).saturating_add(1);
+        match self.memory_threads {
+            Some(memory) => by_cpu.min(memory / jobs.max(1)).max(1),
+            None => by_cpu,
+        }
+    }
+}
+
 impl fmt::Display for ThreadBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let by_cpu = self.cpus.saturating_add(1);
@@ -245,6 +260,18 @@ mod tests {
         assert_eq!(budget.threads, 3);
         assert_eq!(budget.limited_by, LimitedBy::Cpu);
         assert_eq!(ThreadBudget::plan(0, None).threads, 2, "no CPU count still means one");
+    }
+
+    #[test]
+    fn concurrent_jobs_share_the_memory_allowance_not_the_cpus() {
+        // 2 GiB: 27 threads by memory; 8 CPUs: 9 by CPU.
+        let budget = ThreadBudget::plan(8, limit(2 * GIB));
+        assert_eq!(budget.per_job(1), 9, "one job: the CPUs bound it");
+        assert_eq!(budget.per_job(0), 9, "no concurrency counts as one");
+        assert_eq!(budget.per_job(3), 9, "27 / 3 = 9");
+        assert_eq!(budget.per_job(4), 6, "27 / 4");
+        assert_eq!(budget.per_job(100), 1, "never none");
+        assert_eq!(ThreadBudget::plan(8, None).per_job(4), 9, "no limit: the CPUs");
     }
 
     #[test]

@@ -4,7 +4,6 @@
 
 mod common;
 
-use ferry_testbed::kms;
 use std::sync::Arc;
 
 use common::{TestResult, options, s3_store};
@@ -14,6 +13,7 @@ use ferry_store::{
     AwsKms, KeyWrapper, KmsError, KmsOptions, MemoryKms, MemoryStore, ObjectKey, ObjectStore,
     StaticCredentials,
 };
+use ferry_testbed::kms;
 use tokio_util::sync::CancellationToken;
 
 const PASSWORD: &[u8] = b"a long enough repository password";

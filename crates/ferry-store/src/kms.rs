@@ -824,12 +824,7 @@ mod tests {
             ferry_testbed::install_crypto_provider();
             let cancel = CancellationToken::new();
             let arn = "arn:aws:kms:us-east-1:123456789012:key/11111111-2222-3333-4444-555555555555";
-            let disabled = ferry_testbed::kms::kms_answering(
-                400,
-                "DisabledException",
-                &format!("{arn} is disabled."),
-            )
-            .await;
+            let disabled = ferry_testbed::kms::kms_disabled(arn).await;
             let kms = AwsKms::new(options(&disabled, arn)).await?;
             match kms.unwrap(arn, b"blob", PURPOSE, &cancel).await {
                 Err(e @ KmsError::KeyDisabled { .. }) => {

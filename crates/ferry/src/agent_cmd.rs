@@ -193,14 +193,17 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
         }
         None => {
             let cache = args.cache.options(None);
-            Arc::new(
+            let bsl = Arc::new(
                 BslRepositories::new(
                     client.clone(),
                     args.namespace.clone(),
                     InitOptions::default(),
                 )
                 .with_cache(cache),
-            )
+            );
+            // Idle repositories give their memory back even when no CR comes.
+            drop(bsl.spawn_idle_closer(cancel.clone()));
+            bsl
         }
     };
     let mut exposer = ExposerConfig::new(args.pod_image.clone());
@@ -231,7 +234,9 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
         upload_exposer: Arc::new(CsiBackupExposer::new(client.clone(), exposer.clone())),
         download_exposer: Arc::new(CsiRestoreExposer::new(client.clone(), exposer)),
         mover: Arc::new(
-            RepoMover::new(Arc::clone(&repos)).with_fidelity(args.restore_fidelity.fidelity()),
+            RepoMover::new(Arc::clone(&repos))
+                .with_fidelity(args.restore_fidelity.fidelity())
+                .with_concurrent_jobs(concurrency),
         ),
     };
     let mut config = AgentConfig::new(args.node_name.clone());
@@ -292,8 +297,15 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
         server_stop.clone(),
     ));
     tracing::info!(node = %args.node_name, "agent running");
-    // Per data movement; the limit is the pod's (read again by each movement).
-    tracing::info!(threads = %ferry_repo::thread_budget::default_threads(), "data-path threads");
+    // Per data movement; the limit is the pod's (read again by each movement), shared by the
+    // movements that run at once.
+    let budget = ferry_repo::thread_budget::default_threads();
+    tracing::info!(
+        threads = %budget,
+        concurrency,
+        per_movement = budget.per_job(concurrency),
+        "data-path threads"
+    );
     eprintln!(
         "ferry agent: running on node {} (namespace {}); metrics and health on {}",
         args.node_name, args.namespace, args.metrics_address
