@@ -75,22 +75,22 @@ fn kms_settings(
     let (key_id, endpoint) = (text(KMS_KEY_ID_KEY)?, text(KMS_ENDPOINT_KEY)?);
     if let Some(endpoint) = &endpoint {
         let url = endpoint.to_ascii_lowercase();
-        let Some((_, rest)) =
-            url.split_once("://").filter(|(scheme, _)| *scheme == "https" || *scheme == "http")
-        else {
-            return Err((
-                KMS_ENDPOINT_KEY,
-                format!("{endpoint:?} is not an http:// or https:// URL"),
-            ));
-        };
-        // Never echoed: it may carry a password. The agents sign KMS requests with the
-        // BackupStorageLocation's credentials.
-        if rest.split('/').next().is_some_and(|authority| authority.contains('@')) {
+        let (scheme, rest) = url.split_once("://").unwrap_or(("", &url));
+        // Checked first and never echoed: it may carry a password. The agents sign KMS
+        // requests with the BackupStorageLocation's credentials.
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        if authority.contains('@') {
             return Err((
                 KMS_ENDPOINT_KEY,
                 "the URL carries credentials (user@host): remove them; KMS requests are signed \
                  with the BackupStorageLocation's credentials"
                     .to_owned(),
+            ));
+        }
+        if scheme != "https" && scheme != "http" {
+            return Err((
+                KMS_ENDPOINT_KEY,
+                format!("{endpoint:?} is not an http:// or https:// URL"),
             ));
         }
     }
@@ -258,5 +258,18 @@ mod tests {
         ]);
         assert!(key == KMS_ENDPOINT_KEY && reason.contains("carries credentials"), "{reason}");
         assert!(!reason.contains("hunter2"), "the password is never echoed: {reason}");
+        let (key, reason) = refused(&[
+            (KMS_KEY_ID_KEY, b"alias/ferry"),
+            (KMS_ENDPOINT_KEY, b"admin:hunter2@kms.example"),
+        ]);
+        assert!(
+            key == KMS_ENDPOINT_KEY && !reason.contains("hunter2"),
+            "without a scheme: {reason}"
+        );
+        let query = data(&[
+            (KMS_KEY_ID_KEY, b"alias/ferry"),
+            (KMS_ENDPOINT_KEY, b"https://kms.example/?u=a@b"),
+        ]);
+        assert!(kms_settings(&query).is_ok(), "an @ after the host is not a credential");
     }
 }

@@ -188,6 +188,8 @@ struct Site {
     options: S3Options,
     /// The KMS envelope Ferry's secret asks for.
     kms: Option<KmsSettings>,
+    /// The `resourceVersion` of Ferry's secret; empty while it does not exist.
+    own_version: String,
     /// The `resourceVersion`s of the BSL, its credential and CA secrets and Ferry's secret
     /// (and its KMS settings): when they change, open repositories are opened again with what
     /// changed.
@@ -325,13 +327,7 @@ impl BslRepositories {
         let (ca_bundle, ca_version) = self.ca_bundle(location, &loc).await?;
         // Ferry's own secret too: a rotation (previous-repository-password) and a changed
         // kms-key-id or kms-endpoint reach repositories kept open.
-        let mut own = self.secrets().own_settings().await?;
-        if own.version.is_empty() {
-            // Made here (race-safely), not by the first open: the versions below are then the
-            // ones that repository is kept with, and the next CR does not open it again.
-            self.secrets().own_password().await?;
-            own = self.secrets().own_settings().await?;
-        }
+        let own = self.secrets().own_settings().await?;
         let kms_version = own.kms.as_ref().map_or_else(String::new, |k| {
             format!("{}@{}", k.key_id, k.endpoint.as_deref().unwrap_or_default())
         });
@@ -377,7 +373,14 @@ impl BslRepositories {
             server_side_encryption: loc.server_side_encryption,
             ..S3Options::default()
         };
-        Ok(Site { bucket: loc.bucket, prefix: loc.prefix, options, kms: own.kms, versions })
+        Ok(Site {
+            bucket: loc.bucket,
+            prefix: loc.prefix,
+            options,
+            kms: own.kms,
+            own_version: own.version,
+            versions,
+        })
     }
 
     /// A password rotation of Ferry's secret: a repository that only the previous password
@@ -595,7 +598,14 @@ impl RepositorySource for BslRepositories {
     ) -> Result<OpenedRepository, MoverError> {
         self.close_idle();
         // Read at every open (two GETs), so a changed BSL or credential is seen at once.
-        let site = self.location(location).await?;
+        let mut site = self.location(location).await?;
+        if site.own_version.is_empty() {
+            // Ferry's password secret is made (race-safely) before the repository is opened,
+            // not by the open: the versions it is kept with then include the secret's, and the
+            // next CR does not open it again.
+            self.secrets().own_password().await?;
+            site = self.location(location).await?;
+        }
         let slot = self.slot(&(location.to_owned(), namespace.to_owned()));
         // Only CRs of this repository wait here while it is opened.
         let mut kept = slot.lock().await;

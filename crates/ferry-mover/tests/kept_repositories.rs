@@ -96,6 +96,25 @@ async fn a_repository_in_use_stays_open_and_closes_once_idle_without_a_new_cr() 
     closer.await.expect("the closer ends on cancel");
 }
 
+/// The idle time of a repository counts from when its last user let go, not from its open.
+#[tokio::test]
+async fn the_idle_time_starts_when_the_last_user_lets_go() {
+    let world = World::new("kept-idle-clock").await;
+    let cancel = CancellationToken::new();
+    let idle = Duration::from_millis(300);
+    let source = world.source().with_idle_close(idle);
+    let using = source.open(BSL, SOURCE_NS, &cancel).await.expect("open");
+    tokio::time::sleep(idle + Duration::from_millis(100)).await;
+    source.close_idle();
+    assert_eq!(source.open_count(), 1, "in use: kept");
+    drop(using);
+    source.close_idle();
+    assert_eq!(source.open_count(), 1, "just let go: its idle time starts now");
+    tokio::time::sleep(idle + Duration::from_millis(100)).await;
+    source.close_idle();
+    assert_eq!(source.open_count(), 0, "idle since it was let go: closed");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_repository_holds_up_no_other() {
     let world = World::new("kept-stalled").await;

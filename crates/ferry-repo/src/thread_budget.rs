@@ -96,16 +96,19 @@ impl ThreadBudget {
 
 impl ThreadBudget {
     /// Threads for each of `jobs` data movements running at once in this process (an agent's
-    /// concurrency): the memory allowance is shared among them, since each job's workers hold
-    /// their own buffers; the CPU allowance is not (a job waiting on the network leaves its
-    /// CPUs to the others). At least 1.
+    /// concurrency): the memory share is divided among them, each with its own
+    /// [`MEMORY_BASE`] (its uploads in flight, its repository's index) and its workers'
+    /// buffers; the CPU allowance is not (a job waiting on the network leaves its CPUs to the
+    /// others). At least 1; `per_job(1)` is [`Self::threads`].
     #[must_use]
     pub fn per_job(&self, jobs: usize) -> usize {
         let by_cpu = self.cpus.max(1).saturating_add(1);
-        match self.memory_threads {
-            Some(memory) => by_cpu.min(memory / jobs.max(1)).max(1),
-            None => by_cpu,
-        }
+        let Some(limit) = &self.memory_limit else { return by_cpu };
+        let jobs = u64::try_from(jobs.max(1)).unwrap_or(u64::MAX);
+        let usable =
+            (limit.bytes / MEMORY_SHARE_DIVISOR).saturating_sub(MEMORY_BASE.saturating_mul(jobs));
+        let each = usize::try_from(usable / MEMORY_PER_THREAD / jobs).unwrap_or(usize::MAX);
+        by_cpu.min(each).max(1)
     }
 }
 
@@ -264,14 +267,17 @@ mod tests {
 
     #[test]
     fn concurrent_jobs_share_the_memory_allowance_not_the_cpus() {
-        // 2 GiB: 27 threads by memory; 8 CPUs: 9 by CPU.
+        // 2 GiB: a 1024 MiB share; 8 CPUs: 9 threads by CPU.
         let budget = ThreadBudget::plan(8, limit(2 * GIB));
-        assert_eq!(budget.per_job(1), 9, "one job: the CPUs bound it");
+        assert_eq!(budget.per_job(1), budget.threads, "one job: the plan itself");
+        assert_eq!(budget.per_job(1), 9, "one job: (1024 - 160) / 32 = 27, the CPUs bound it");
         assert_eq!(budget.per_job(0), 9, "no concurrency counts as one");
-        assert_eq!(budget.per_job(3), 9, "27 / 3 = 9");
-        assert_eq!(budget.per_job(4), 6, "27 / 4");
+        assert_eq!(budget.per_job(3), 5, "(1024 - 3 x 160) / 32 = 17, 5 each");
+        assert_eq!(budget.per_job(4), 3, "(1024 - 4 x 160) / 32 = 12, 3 each");
         assert_eq!(budget.per_job(100), 1, "never none");
         assert_eq!(ThreadBudget::plan(8, None).per_job(4), 9, "no limit: the CPUs");
+        let small = ThreadBudget::plan(96, limit(GIB));
+        assert_eq!(small.per_job(1), small.threads, "memory-bound plan: (512 - 160) / 32 = 11");
     }
 
     #[test]

@@ -58,7 +58,8 @@ pub struct S3Options {
     pub credentials: Option<StaticCredentials>,
     /// Objects larger than this are uploaded in parts. The default, 64 MiB, keeps every pack a
     /// repository writes with default settings (16 MiB and at most one more blob) one
-    /// `PutObject`: a multipart upload costs two more requests and a part per 8 MiB.
+    /// `PutObject`: a multipart upload costs a HEAD, a create, a request per part and a
+    /// complete.
     pub multipart_threshold: u64,
     /// Size of each part of a multipart upload (at least 5 MiB, S3's minimum); grown for
     /// objects that would otherwise need more than 10,000 parts.
