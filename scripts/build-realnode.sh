@@ -71,7 +71,9 @@ trap 'rm -rf "$work"' EXIT
 
 # Packages scripts/setup.sh installs: runc links libseccomp; test pods run a static busybox.
 [[ -f /usr/include/seccomp.h ]] || { log "libseccomp-dev is missing: run scripts/setup.sh"; exit 1; }
-[[ -x /bin/busybox ]] && ldd /bin/busybox 2>&1 | grep -q 'not a dynamic' \
+# ldd exits 1 on a static binary (and grep -q may close the pipe early): under pipefail a
+# pipeline would call every busybox missing, so the output is taken first.
+[[ -x /bin/busybox && "$(ldd /bin/busybox 2>&1 || true)" == *"not a dynamic"* ]] \
   || { log "a static /bin/busybox (busybox-static) is missing: run scripts/setup.sh"; exit 1; }
 
 # wrapper DIR MODULE@VERSION...: a module in DIR requiring each MODULE@VERSION and repeating the

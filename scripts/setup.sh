@@ -11,7 +11,9 @@ command -v losetup >/dev/null || need_apt+=(mount)
 command -v setfattr >/dev/null || need_apt+=(attr)
 # The real node: runc links libseccomp; test pods run a static busybox; unshare and nsenter.
 [[ -f /usr/include/seccomp.h ]] || need_apt+=(libseccomp-dev)
-ldd /bin/busybox 2>&1 | grep -q 'not a dynamic' || need_apt+=(busybox-static)
+# ldd exits 1 on a static binary: its output is tested, not a pipeline's status (pipefail).
+[[ -x /bin/busybox && "$(ldd /bin/busybox 2>&1 || true)" == *"not a dynamic"* ]] \
+  || need_apt+=(busybox-static)
 command -v unshare >/dev/null || need_apt+=(util-linux)
 command -v ip >/dev/null || need_apt+=(iproute2)
 if ((${#need_apt[@]})); then
@@ -26,7 +28,8 @@ fi
 
 command -v cargo >/dev/null || { log "cargo is missing: install Rust (rustup) first"; exit 1; }
 command -v go >/dev/null || { log "go is missing: install Go first"; exit 1; }
-rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+installed=$(rustup component list --installed 2>/dev/null || true)
+[[ $installed == *clippy* && $installed == *rustfmt* ]] || rustup component add clippy rustfmt
 
 log "building the test control plane (cached after the first run)"
 scripts/build-control-plane.sh >/dev/null
