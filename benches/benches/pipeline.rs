@@ -1,7 +1,8 @@
 //! Criterion benchmarks of each stage of Ferry's data path, and of whole backups and restores.
 //!
 //! Stages, each on one core, in bytes per second of plaintext:
-//! - `chunker`: keyed FastCDC boundaries over a 32 MiB stream.
+//! - `chunker`: keyed FastCDC boundaries over a 32 MiB stream: format 1's cut on the keyed
+//!   Gear hash (`gear_*`) and format 2's on a PRF of a keyed rolling hash (`prf_*`).
 //! - `blob_id`: keyed BLAKE3 of one 1 MiB chunk.
 //! - `zstd`: the zstd call Ferry makes for file data (level [`DEFAULT_DATA_LEVEL`], a reused
 //!   compressor), on text and on incompressible bytes (the bypass path).
@@ -28,7 +29,8 @@ use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement
 use ferry_benches::{SeededRng, TreeSpec, random_bytes, text_bytes, write_tree};
 use ferry_repo::format::{
     BlobId, ChunkRef, Chunker, ChunkerParams, Cipher, DEFAULT_DATA_LEVEL, FileContent, MasterKey,
-    Metadata, Node, NodeBody, ObjectKind, PackBuilder, RepoKeys, Timestamp, TreePage, open_blob,
+    Metadata, Node, NodeBody, ObjectKind, PackBuilder, RepoFormat, RepoKeys, Timestamp, TreePage,
+    open_blob,
 };
 use ferry_repo::{
     BackupOptions, InitOptions, KdfParams, Repository, RestoreOptions, SnapshotId, backup_tree,
@@ -54,14 +56,19 @@ fn micro<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTime> {
 
 fn bench_chunker(c: &mut Criterion) {
     let keys = keys();
-    let Ok(chunker) = Chunker::new(ChunkerParams::default(), keys.gear()) else {
-        panic!("default chunker parameters are valid");
-    };
     let mut g = micro(c, "chunker");
-    for (label, data) in [("random", random_bytes(1, 32 * MIB)), ("text", text_bytes(1, 32 * MIB))]
-    {
-        g.throughput(Throughput::Bytes(data.len() as u64));
-        g.bench_function(label, |b| b.iter(|| black_box(chunker.split(black_box(&data)))));
+    for (format, name) in [(RepoFormat::V1, "gear"), (RepoFormat::V2, "prf")] {
+        let Ok(chunker) = Chunker::for_format(format, ChunkerParams::default(), &keys) else {
+            panic!("default chunker parameters are valid");
+        };
+        for (label, data) in
+            [("random", random_bytes(1, 32 * MIB)), ("text", text_bytes(1, 32 * MIB))]
+        {
+            g.throughput(Throughput::Bytes(data.len() as u64));
+            g.bench_function(format!("{name}_{label}"), |b| {
+                b.iter(|| black_box(chunker.split(black_box(&data))))
+            });
+        }
     }
     g.finish();
 }
@@ -147,7 +154,7 @@ fn bench_pack(c: &mut Criterion) {
                 for (id, data) in &chunks {
                     pack.add(&keys, *id, ObjectKind::DataBlob, level, data);
                 }
-                black_box(pack.finish(&keys.cipher).bytes.len())
+                black_box(pack.finish(&keys.cipher, RepoFormat::V2).bytes.len())
             });
         });
     }
@@ -155,7 +162,7 @@ fn bench_pack(c: &mut Criterion) {
         let id = keys.blob_id(&data);
         let mut pack = PackBuilder::new();
         pack.add(&keys, id, ObjectKind::DataBlob, DEFAULT_DATA_LEVEL, &data);
-        let sealed = pack.finish(&keys.cipher);
+        let sealed = pack.finish(&keys.cipher, RepoFormat::V2);
         let Some(entry) = sealed.entries.first() else { panic!("the pack holds one blob") };
         let blob = &sealed.bytes[entry.offset as usize..(entry.offset + entry.length) as usize];
         g.throughput(Throughput::Bytes(data.len() as u64));

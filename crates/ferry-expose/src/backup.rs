@@ -29,6 +29,7 @@ pub struct CsiBackupExposer {
     client: Client,
     config: ExposerConfig,
     waits: Arc<VolumeWaits>,
+    taints: crate::tolerations::NodeTaints,
 }
 
 impl std::fmt::Debug for CsiBackupExposer {
@@ -50,7 +51,7 @@ impl CsiBackupExposer {
     /// An exposer working in `config.namespace`.
     #[must_use]
     pub fn new(client: Client, config: ExposerConfig) -> Self {
-        Self { client, config, waits: Arc::default() }
+        Self { client, config, waits: Arc::default(), taints: Default::default() }
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -246,8 +247,12 @@ impl Exposer<DataUpload> for CsiBackupExposer {
             owner: &owner,
         })?;
         create_or_get(&self.claims(), &claim, "creating the backup PVC").await?;
-        let tolerations =
-            crate::tolerations::for_holders(&self.client, &self.config.agent_tolerations).await?;
+        let tolerations = crate::tolerations::for_holders(
+            &self.client,
+            &self.config.agent_tolerations,
+            &self.taints,
+        )
+        .await?;
         let topology = if crate::topology::waits_for_consumer(
             &self.client,
             Some(storage_class.as_str()),

@@ -31,6 +31,7 @@ pub struct CsiRestoreExposer {
     client: Client,
     config: ExposerConfig,
     waits: Arc<VolumeWaits>,
+    taints: crate::tolerations::NodeTaints,
 }
 
 impl std::fmt::Debug for CsiRestoreExposer {
@@ -43,7 +44,7 @@ impl CsiRestoreExposer {
     /// An exposer working in `config.namespace`.
     #[must_use]
     pub fn new(client: Client, config: ExposerConfig) -> Self {
-        Self { client, config, waits: Arc::default() }
+        Self { client, config, waits: Arc::default(), taints: Default::default() }
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -197,8 +198,12 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
             owner: &owner,
         })?;
         create_or_get(&self.claims(), &claim, "creating the restore PVC").await?;
-        let tolerations =
-            crate::tolerations::for_holders(&self.client, &self.config.agent_tolerations).await?;
+        let tolerations = crate::tolerations::for_holders(
+            &self.client,
+            &self.config.agent_tolerations,
+            &self.taints,
+        )
+        .await?;
         let holder = objects::holder_pod(
             &self.config,
             &HolderSpec {

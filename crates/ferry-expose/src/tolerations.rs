@@ -12,6 +12,8 @@
 //! is uncordoned.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ferry_api::k8s_openapi::api::core::v1::{Node, Toleration};
 
@@ -48,24 +50,61 @@ pub fn no_schedule_keys(nodes: &[Node]) -> BTreeSet<String> {
         .collect()
 }
 
+/// How long the nodes' taint keys, once listed, serve later exposures.
+pub(crate) const TAINTS_MAX_AGE: Duration = Duration::from_secs(30);
+
+/// The nodes' `NoSchedule` taint keys, listed only when a keyless toleration needs them and
+/// then at most once per [`TAINTS_MAX_AGE`] for all the exposures of one exposer (thirty CRs
+/// exposed at once cost one LIST, not thirty). The LIST asks for any resource version, so the
+/// API server answers from its watch cache without reading etcd; a taint added since is
+/// tolerated by the holding pods of the next listing.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct NodeTaints {
+    last: Arc<tokio::sync::Mutex<Option<Listed>>>,
+}
+
+/// When the taint keys were listed, and what they were.
+type Listed = (Instant, BTreeSet<String>);
+
+impl NodeTaints {
+    async fn no_schedule_keys(
+        &self,
+        client: &kube::Client,
+    ) -> Result<BTreeSet<String>, crate::ExposeError> {
+        let mut last = self.last.lock().await;
+        if let Some((at, keys)) = &*last
+            && at.elapsed() < TAINTS_MAX_AGE
+        {
+            return Ok(keys.clone());
+        }
+        let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+        let any_version = kube::api::ListParams {
+            resource_version: Some("0".into()),
+            version_match: Some(kube::api::VersionMatch::NotOlderThan),
+            ..kube::api::ListParams::default()
+        };
+        let listed = nodes.list(&any_version).await.map_err(|e| crate::ExposeError::Api {
+            step: "listing the nodes' taints for the holding pod's tolerations",
+            source: Box::new(ferry_kube::ApiError::from_kube("Node", "", e)),
+        })?;
+        let keys = no_schedule_keys(&listed.items);
+        *last = Some((Instant::now(), keys.clone()));
+        Ok(keys)
+    }
+}
+
 /// The holding pods' tolerations for an agent tolerating `agent`, with the nodes' taints read
-/// only when a keyless toleration needs them.
+/// (through `taints`) only when a keyless toleration needs them.
 ///
 /// # Errors
 /// Listing the nodes failed.
 pub(crate) async fn for_holders(
     client: &kube::Client,
     agent: &[Toleration],
+    taints: &NodeTaints,
 ) -> Result<Vec<Toleration>, crate::ExposeError> {
     let keys = if agent.iter().any(|t| keyless(t) && tolerates_cordon(t)) {
-        let nodes: kube::Api<Node> = kube::Api::all(client.clone());
-        let listed = nodes.list(&kube::api::ListParams::default()).await.map_err(|e| {
-            crate::ExposeError::Api {
-                step: "listing the nodes' taints for the holding pod's tolerations",
-                source: Box::new(ferry_kube::ApiError::from_kube("Node", "", e)),
-            }
-        })?;
-        no_schedule_keys(&listed.items)
+        taints.no_schedule_keys(client).await?
     } else {
         BTreeSet::new()
     };

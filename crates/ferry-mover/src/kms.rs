@@ -184,7 +184,7 @@ mod tests {
         let other = envelope(Some((key, None))).error(
             "opening",
             "s3://b/p",
-            RepoError::WrongPassword { tried: 1 },
+            RepoError::WrongPassword { tried: 1, untried: None },
         );
         assert!(matches!(other, MoverError::Repo { .. }), "{other:?}");
     }

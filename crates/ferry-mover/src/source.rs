@@ -399,10 +399,10 @@ impl BslRepositories {
         let repo =
             match Repository::open_with(Arc::clone(&at.store), &previous, &options, cancel).await {
                 Ok(repo) => repo,
-                Err(RepoError::WrongPassword { .. }) => return Ok(None),
+                Err(RepoError::WrongPassword { untried: None, .. }) => return Ok(None),
                 Err(e) => {
                     let step = "opening the repository with the previous password";
-                    return Err(envelope.error(step, &at.described, e));
+                    return Err(envelope.error(step, &at.described, refusal_first(e)));
                 }
             };
         let old = repo.key_id();
@@ -497,8 +497,10 @@ impl BslRepositories {
                 self.hints().insert(at.described.clone(), repo.key_id());
                 return Ok((repo, None));
             }
-            Err(RepoError::WrongPassword { .. }) => {}
-            Err(e) => return Err(repo_error("opening or creating the repository", e)),
+            Err(RepoError::WrongPassword { untried: None, .. }) => {}
+            Err(e) => {
+                return Err(repo_error("opening or creating the repository", refusal_first(e)));
+            }
         }
         if let Some(rotated) = self.rotate(at, envelope, &own, cancel).await? {
             return Ok(rotated);
@@ -510,8 +512,8 @@ impl BslRepositories {
                 self.hints().insert(at.described.clone(), repo.key_id());
                 return Ok((repo, None));
             }
-            Err(RepoError::WrongPassword { .. }) => {}
-            Err(e) => return Err(repo_error("opening the repository", e)),
+            Err(RepoError::WrongPassword { untried: None, .. }) => {}
+            Err(e) => return Err(repo_error("opening the repository", refusal_first(e))),
         }
         let wrong_passwords = |velero: &str| MoverError::Password {
             location: at.described.clone(),
@@ -529,11 +531,11 @@ impl BslRepositories {
                 .await
             {
                 Ok(repo) => repo,
-                Err(RepoError::WrongPassword { .. }) => {
+                Err(RepoError::WrongPassword { untried: None, .. }) => {
                     let name = format!("the one in {}/{VELERO_PASSWORD_SECRET}", self.namespace);
                     return Err(wrong_passwords(&name));
                 }
-                Err(e) => return Err(repo_error("opening the repository", e)),
+                Err(e) => return Err(repo_error("opening the repository", refusal_first(e))),
             };
         // Created by an earlier version with Velero's password: from now on Ferry's own opens
         // it too. The old key stays (something else may use it) until the operator removes it.
@@ -662,5 +664,29 @@ impl crate::upload_finalizer::BackupMetadata for BslRepositories {
             source: Box::new(source),
         })?;
         Ok(found.is_some())
+    }
+}
+
+/// A wrong password said alongside a KMS refusal of another key file becomes that refusal:
+/// the key file the KMS refused may be the one the password opens, so the password fallbacks
+/// (the previous password, Velero's) are not tried; they could only add key files.
+fn refusal_first(e: RepoError) -> RepoError {
+    match e {
+        RepoError::WrongPassword { untried: Some(refused), .. } => *refused,
+        e => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_beside_a_wrong_password_is_the_error_the_fallbacks_never_see() {
+        let refused = RepoError::NotFound { location: "stands for a KMS refusal".into() };
+        let wrong = RepoError::WrongPassword { tried: 1, untried: Some(Box::new(refused)) };
+        assert!(matches!(refusal_first(wrong), RepoError::NotFound { .. }));
+        let plain = RepoError::WrongPassword { tried: 2, untried: None };
+        assert!(matches!(refusal_first(plain), RepoError::WrongPassword { tried: 2, .. }));
     }
 }

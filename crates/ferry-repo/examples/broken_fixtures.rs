@@ -1,9 +1,16 @@
 //! Writes the repository fixtures under `crates/ferry/tests/fixtures/repos/`: one good
-//! repository (a small tree and a small volume image, with their sources beside it) and copies
-//! of it each broken in one way. They are committed, so the tests also prove that repositories
-//! written by an earlier build stay readable; regenerate them only when the format changes.
+//! format 1 repository (a small tree and a small volume image, with their sources beside it)
+//! and copies of it each broken in one way. They are committed, so the tests also prove that
+//! repositories written by an earlier build stay readable; regenerate them only when the format
+//! changes.
 //!
 //! `cargo run -p ferry-repo --example broken_fixtures -- crates/ferry/tests/fixtures/repos`
+//!
+//! `--good-v2 DIR` writes only the good format 2 repository (`good-v2`), with chunk sizes
+//! small enough (4/16/64 KiB) that its text file is cut in many places by format 2's cut
+//! decision:
+//!
+//! `cargo run -p ferry-repo --example broken_fixtures -- --good-v2 crates/ferry/tests/fixtures/repos/good-v2`
 //!
 //! The password is `ferry-fixture-password`; the key file uses low argon2 costs so the tests
 //! open it quickly (the costs are recorded in the key file, as for any repository).
@@ -12,9 +19,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use ferry_repo::format::ChunkerParams;
 use ferry_repo::{
-    BackupOptions, InitOptions, KdfParams, Repository, VolumeBackupOptions, backup_tree,
-    backup_volume,
+    BackupOptions, InitOptions, KdfParams, RepoFormat, Repository, VolumeBackupOptions,
+    backup_tree, backup_volume,
 };
 use ferry_store::{FsStore, ObjectStore};
 use tokio_util::sync::CancellationToken;
@@ -49,7 +57,7 @@ fn write_image(path: &Path) -> Result<()> {
     Ok(())
 }
 
-async fn write_good(dir: &Path) -> Result<()> {
+async fn write_good(dir: &Path, options: &InitOptions) -> Result<()> {
     let cancel = CancellationToken::new();
     let source = dir.join("source");
     write_source(&source)?;
@@ -58,8 +66,7 @@ async fn write_good(dir: &Path) -> Result<()> {
     let repo_dir = dir.join("repo");
     std::fs::create_dir_all(&repo_dir)?;
     let store: Arc<dyn ObjectStore> = Arc::new(FsStore::open(&repo_dir)?);
-    let options = InitOptions { kdf: KdfParams::insecure_for_tests(), ..InitOptions::default() };
-    let (repo, _) = Repository::init(store, PASSWORD, &options, &cancel).await?;
+    let (repo, _) = Repository::init(store, PASSWORD, options, &cancel).await?;
     let tree_options = BackupOptions {
         source: "fixture-source".into(),
         hostname: Some("fixture-host".into()),
@@ -150,12 +157,31 @@ const BROKEN: &[(&str, Breaker)] = &[
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let out = PathBuf::from(std::env::args().nth(1).ok_or("usage: broken_fixtures OUT_DIR")?);
-    if out.exists() {
-        std::fs::remove_dir_all(&out)?;
+    let usage = "usage: broken_fixtures OUT_DIR | broken_fixtures --good-v2 DIR";
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let fast = InitOptions { kdf: KdfParams::insecure_for_tests(), ..InitOptions::default() };
+    if let [flag, dir] = &args[..]
+        && flag == "--good-v2"
+    {
+        let dir = PathBuf::from(dir);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        let chunker = ChunkerParams { min_size: 4 << 10, avg_size: 16 << 10, max_size: 64 << 10 };
+        write_good(&dir, &InitOptions { format: RepoFormat::V2, chunker, ..fast }).await?;
+        println!("good-v2");
+        return Ok(());
+    }
+    let [out] = &args[..] else { return Err(usage.into()) };
+    let out = PathBuf::from(out);
+    // Only what this mode writes is replaced (`good-v2` stays).
+    for name in std::iter::once("good").chain(BROKEN.iter().map(|(name, _)| *name)) {
+        if out.join(name).exists() {
+            std::fs::remove_dir_all(out.join(name))?;
+        }
     }
     let good = out.join("good");
-    write_good(&good).await?;
+    write_good(&good, &InitOptions { format: RepoFormat::V1, ..fast }).await?;
     for (name, breaker) in BROKEN {
         let dir = out.join(name);
         copy_tree(&good.join("repo"), &dir.join("repo"))?;

@@ -24,10 +24,16 @@ pub enum RepoError {
         location: String,
     },
     /// No key file opens with the given password.
-    #[error("wrong password: none of the {tried} key files opens with it")]
+    #[error(
+        "wrong password: none of the {tried} key files tried opens with it{}",
+        untried.as_ref().map(|e| format!(" (another could not be tried: {e})")).unwrap_or_default()
+    )]
     WrongPassword {
         /// Key files tried.
         tried: usize,
+        /// Why a key file wrapped by a KMS key could not be tried (the KMS refused it): the
+        /// password may be right for that one. `None`: every key file was tried.
+        untried: Option<Box<RepoError>>,
     },
     /// No key file opened, and key files wrapped by a KMS key were skipped: the open was given
     /// no KMS ([`crate::OpenOptions::key_wrapper`]).

@@ -53,7 +53,9 @@ mod volume;
 pub use backup::{BackupOptions, BackupSummary, backup_tree, backup_tree_at};
 pub use check::{CheckOptions, CheckReport, PackSubset, SubsetError, check};
 pub use error::{RepoError, RepoResult};
-pub use format::{BlobId, KdfParams, KeyId, Snapshot, SnapshotId, SnapshotKind, Summary};
+pub use format::{
+    BlobId, KdfParams, KeyId, RepoFormat, Snapshot, SnapshotId, SnapshotKind, Summary,
+};
 pub use place::Place;
 pub use progress::{Progress, ProgressFn};
 pub use repo::{

@@ -93,7 +93,10 @@ async fn a_kms_repository_opens_only_with_the_kms_and_says_which_key_it_needs() 
         &cancel,
     )
     .await;
-    assert!(matches!(wrong, Err(RepoError::WrongPassword { tried: 1 })), "{wrong:?}");
+    assert!(
+        matches!(wrong, Err(RepoError::WrongPassword { tried: 1, untried: None })),
+        "{wrong:?}"
+    );
 
     // `init` of the existing repository opens it through the KMS as well.
     let (again, outcome) =
@@ -209,6 +212,60 @@ async fn a_password_repository_goes_under_a_kms_key_by_a_password_change() -> Te
     let opened = Repository::open_with(store, new, &hinted, &cancel).await?;
     assert_eq!((opened.key_id(), opened.key_files_tried()), (new_id, 1));
     let _: KeyId = new_id;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_said_before_a_kms_refusal_of_another_key_file() -> TestResult {
+    let cancel = CancellationToken::new();
+    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    Repository::init(Arc::clone(&store), PASSWORD, &options(), &cancel).await?;
+    let kms = MemoryKms::new("key-a");
+    let wrapper: Arc<dyn KeyWrapper> = Arc::new(kms.clone());
+    let repo = Repository::open_with(
+        Arc::clone(&store),
+        PASSWORD,
+        &through(Arc::clone(&wrapper)),
+        &cancel,
+    )
+    .await?;
+    let second = b"a second password, its key file under key-a";
+    repo.add_password(second, KdfParams::insecure_for_tests(), &cancel).await?;
+    kms.set_disabled("key-a", true);
+
+    for password in [&b"neither password"[..], &second[..]] {
+        let opened = Repository::open_with(
+            Arc::clone(&store),
+            password,
+            &through(Arc::clone(&wrapper)),
+            &cancel,
+        )
+        .await;
+        let Err(RepoError::WrongPassword { tried: 1, untried: Some(untried) }) = &opened else {
+            panic!("expected a wrong password with the refusal alongside, got {opened:?}");
+        };
+        assert!(matches!(**untried, RepoError::Kms { .. }), "{untried:?}");
+        let text = opened.as_ref().err().map(ToString::to_string).unwrap_or_default();
+        assert!(
+            text.starts_with("wrong password")
+                && text.contains("could not be tried")
+                && text.contains("key-a"),
+            "{text}"
+        );
+    }
+    // Only the KMS key file left to try: its refusal is the error.
+    kms.set_disabled("key-a", false);
+    let second_repo =
+        Repository::open_with(Arc::clone(&store), second, &through(Arc::clone(&wrapper)), &cancel)
+            .await?;
+    for key in second_repo.key_files(&cancel).await? {
+        if key.file.as_ref().is_ok_and(|f| f.kms_key_id.is_none()) {
+            second_repo.remove_key(&key.id, &cancel).await?;
+        }
+    }
+    kms.set_disabled("key-a", true);
+    let opened = Repository::open_with(store, second, &through(wrapper), &cancel).await;
+    assert!(matches!(kms_refusal(&opened), Some(KmsError::KeyDisabled { .. })), "{opened:?}");
     Ok(())
 }
 

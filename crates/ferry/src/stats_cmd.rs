@@ -12,6 +12,8 @@ use crate::repo_cmds::open_repo;
 
 #[derive(Serialize)]
 struct StatsJson {
+    /// The repository's format (1 or 2; FORMAT.md).
+    format: u8,
     snapshots: u64,
     tree_snapshots: u64,
     volume_snapshots: u64,
@@ -32,6 +34,7 @@ pub async fn stats(args: &RepoArgs, json: bool, cancel: &CancellationToken) -> a
     let index = repo.stats(cancel).await.context("reading the index")?;
     let kind = |k: SnapshotKind| readable.iter().filter(|(_, s)| s.kind().ok() == Some(k)).count();
     let out = StatsJson {
+        format: repo.config().format.byte(),
         snapshots: readable.len() as u64,
         tree_snapshots: kind(SnapshotKind::Tree) as u64,
         volume_snapshots: kind(SnapshotKind::Volume) as u64,
@@ -75,6 +78,7 @@ pub async fn stats(args: &RepoArgs, json: bool, cancel: &CancellationToken) -> a
         human(out.pack_bytes),
         ratio(out.bytes_backed_up, out.pack_bytes, "smaller than what was backed up")
     );
+    println!("format     {}", out.format);
     Ok(())
 }
 

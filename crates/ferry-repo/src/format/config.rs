@@ -3,9 +3,51 @@
 use serde::{Deserialize, Serialize};
 
 use crate::format::{
-    ChunkerParams, Cipher, FormatError, ObjectKind, decode_body, encode_body, open_object,
-    seal_object,
+    ChunkerParams, Cipher, FormatError, ObjectKind, compress, decode_body, encode_body,
+    open_object_of, seal_object_as,
 };
+
+/// A repository's format version, the first byte of its `config`: how data is chunked and how
+/// packs are laid out. A repository keeps the format it was created with; this build reads and
+/// writes both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum RepoFormat {
+    /// Format 1: FastCDC cutting on a keyed Gear hash; pack headers of their exact length.
+    V1,
+    /// Format 2: cuts decided by a PRF of a keyed rolling hash ([`crate::format::PrfCut`]);
+    /// data packs' headers padded to [`crate::format::HEADER_PADDING`] so a pack's header
+    /// tells its blob count only to within about 93.
+    #[default]
+    V2,
+}
+
+impl RepoFormat {
+    /// The version byte.
+    #[must_use]
+    pub fn byte(self) -> u8 {
+        match self {
+            Self::V1 => 1,
+            Self::V2 => 2,
+        }
+    }
+
+    /// Every format this build reads, by version byte.
+    const BYTES: [u8; 2] = [1, 2];
+
+    fn from_byte(byte: u8) -> Result<Self, FormatError> {
+        match byte {
+            1 => Ok(Self::V1),
+            2 => Ok(Self::V2),
+            found => Err(FormatError::Version { found }),
+        }
+    }
+}
+
+impl std::fmt::Display for RepoFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.byte())
+    }
+}
 
 /// Pack size targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +76,10 @@ pub struct Config {
     pub volume_chunker: Option<ChunkerParams>,
     /// Pack sizes.
     pub packs: PackParams,
+    /// The repository's format: the config's version byte (authenticated with it), not part
+    /// of its body.
+    #[serde(skip)]
+    pub format: RepoFormat,
 }
 
 const IDENTITY: &[u8] = b"config";
@@ -60,7 +106,8 @@ impl Config {
     /// The stored (encrypted) form.
     #[must_use]
     pub fn encode(&self, cipher: &Cipher) -> Vec<u8> {
-        seal_object(cipher, ObjectKind::Config, IDENTITY, &encode_body(self))
+        let (version, body) = (self.format.byte(), encode_body(self));
+        seal_object_as(cipher, version, compress::OBJECT_LEVEL, ObjectKind::Config, IDENTITY, &body)
     }
 
     /// Authenticates, decodes and validates the stored form.
@@ -69,8 +116,10 @@ impl Config {
     /// [`FormatError::Authentication`] when `cipher` is not this repository's key; any other
     /// [`FormatError`] for damaged bytes.
     pub fn decode(cipher: &Cipher, bytes: &[u8]) -> Result<Self, FormatError> {
-        let body = open_object(cipher, ObjectKind::Config, IDENTITY, bytes)?;
-        let config: Self = decode_body("config", &body)?;
+        let (version, body) =
+            open_object_of(cipher, ObjectKind::Config, IDENTITY, bytes, &RepoFormat::BYTES)?;
+        let mut config: Self = decode_body("config", &body)?;
+        config.format = RepoFormat::from_byte(version)?;
         config.validate()?;
         Ok(config)
     }
@@ -88,6 +137,7 @@ mod tests {
             chunker: ChunkerParams::default(),
             volume_chunker: None,
             packs: PackParams::default(),
+            format: RepoFormat::V2,
         }
     }
 
@@ -96,6 +146,17 @@ mod tests {
         let c = Cipher::new(&[1; 32]);
         let bytes = sample().encode(&c);
         assert_eq!(Config::decode(&c, &bytes)?, sample());
+        let v1 = Config { format: RepoFormat::V1, ..sample() };
+        let v1_bytes = v1.encode(&c);
+        assert_eq!((v1_bytes[0], bytes[0]), (1, 2), "the version byte is the format");
+        assert_eq!(Config::decode(&c, &v1_bytes)?, v1);
+        // The version is authenticated: a format 1 config relabelled 2 does not open.
+        let mut relabelled = v1_bytes.clone();
+        relabelled[0] = 2;
+        assert!(matches!(Config::decode(&c, &relabelled), Err(FormatError::Authentication)));
+        let mut unknown = bytes.clone();
+        unknown[0] = 3;
+        assert!(matches!(Config::decode(&c, &unknown), Err(FormatError::Version { found: 3 })));
         assert!(matches!(
             Config::decode(&Cipher::new(&[2; 32]), &bytes),
             Err(FormatError::Authentication)

@@ -18,13 +18,15 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
 use crate::format::{
-    BlobId, Cipher, FORMAT_VERSION, FormatError, ObjectKind, associated_data, decode_body,
+    BlobId, Cipher, FORMAT_VERSION, FormatError, ObjectKind, PrfCut, associated_data, decode_body,
     encode_body, split_prefix,
 };
 
 const CONTEXT_ENCRYPTION: &str = "ferry repository 2025-06 object encryption key v1";
 const CONTEXT_ID: &str = "ferry repository 2025-06 blob id key v1";
 const CONTEXT_CHUNKER: &str = "ferry repository 2025-06 chunker gear table v1";
+const CONTEXT_WINDOW_TABLE: &str = "ferry repository 2026-11 chunker window table v2";
+const CONTEXT_CUT_PRF: &str = "ferry repository 2026-11 chunker cut prf key v2";
 
 /// The repository's root secret: 32 random bytes. Everything else derives from it.
 #[derive(Clone, PartialEq, Eq)]
@@ -64,17 +66,31 @@ impl MasterKey {
     pub fn derive(&self) -> RepoKeys {
         let enc = blake3::derive_key(CONTEXT_ENCRYPTION, &self.secret);
         let id_key = blake3::derive_key(CONTEXT_ID, &self.secret);
-        let chunker_key = blake3::derive_key(CONTEXT_CHUNKER, &self.secret);
-        let mut gear_bytes = [0u8; 256 * 8];
-        blake3::Hasher::new_keyed(&chunker_key).finalize_xof().fill(&mut gear_bytes);
-        let mut gear = [0u64; 256];
-        for (slot, bytes) in gear.iter_mut().zip(gear_bytes.chunks_exact(8)) {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(bytes);
-            *slot = u64::from_le_bytes(b);
+        let gear = table(&blake3::derive_key(CONTEXT_CHUNKER, &self.secret));
+        let window = table(&blake3::derive_key(CONTEXT_WINDOW_TABLE, &self.secret));
+        let cut_key = blake3::derive_key(CONTEXT_CUT_PRF, &self.secret);
+        let mut prf_key = [0u8; 16];
+        prf_key.copy_from_slice(&cut_key[..16]);
+        RepoKeys {
+            cipher: Cipher::new(&enc),
+            id_key,
+            gear: Box::new(gear),
+            prf_cut: PrfCut::new(&window, &prf_key),
         }
-        RepoKeys { cipher: Cipher::new(&enc), id_key, gear: Box::new(gear) }
     }
+}
+
+/// 256 secret 64-bit values: the BLAKE3 output stream keyed by `key`, little-endian.
+fn table(key: &[u8; 32]) -> [u64; 256] {
+    let mut bytes = [0u8; 256 * 8];
+    blake3::Hasher::new_keyed(key).finalize_xof().fill(&mut bytes);
+    let mut out = [0u64; 256];
+    for (slot, chunk) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(chunk);
+        *slot = u64::from_le_bytes(b);
+    }
+    out
 }
 
 /// The keys a repository works with, derived from the [`MasterKey`].
@@ -84,6 +100,7 @@ pub struct RepoKeys {
     pub cipher: Cipher,
     id_key: [u8; 32],
     gear: Box<[u64; 256]>,
+    prf_cut: PrfCut,
 }
 
 impl std::fmt::Debug for RepoKeys {
@@ -104,6 +121,12 @@ impl RepoKeys {
     #[must_use]
     pub fn gear(&self) -> &[u64; 256] {
         &self.gear
+    }
+
+    /// The repository's secret cut decision for format 2's chunker.
+    #[must_use]
+    pub fn prf_cut(&self) -> &PrfCut {
+        &self.prf_cut
     }
 }
 

@@ -70,6 +70,7 @@ mod tests {
             chunker: crate::format::ChunkerParams::default(),
             volume_chunker: Some(crate::format::ChunkerParams::default()),
             packs: PackParams { target_size: 1 << 30 },
+            format: crate::format::RepoFormat::V2,
         };
         let sealed = config.encode(&cipher).len() as u64;
         assert!(sealed * 100 < MAX_CONFIG_BYTES, "config of {sealed} bytes");

@@ -1,7 +1,7 @@
 //! The repository format: pure encoding and decoding of every stored object, no I/O.
 //!
-//! Every stored object starts with the format version byte [`FORMAT_VERSION`] and an
-//! [`ObjectKind`] byte. Encrypted objects continue with a 24-byte nonce and an
+//! Every stored object starts with a version byte ([`FORMAT_VERSION`]; for the config, the
+//! repository's format, [`RepoFormat`]) and an [`ObjectKind`] byte. Encrypted objects continue with a 24-byte nonce and an
 //! XChaCha20-Poly1305 ciphertext whose associated data binds the version, the kind and,
 //! where the object has one, its identity. See `FORMAT.md` beside `Cargo.toml`.
 
@@ -14,12 +14,13 @@ mod index_file;
 mod keys;
 pub mod limits;
 mod pack;
+mod prf_cut;
 mod snapshot;
 mod tree;
 
 pub use chunker::{Chunker, ChunkerParams};
 pub use compress::{Compression, DEFAULT_DATA_LEVEL};
-pub use config::{Config, PackParams};
+pub use config::{Config, PackParams, RepoFormat};
 pub use crypto::{Cipher, NONCE_LEN, TAG_LEN};
 pub(crate) use ids::content_address;
 pub use ids::{BlobId, IndexId, KeyId, PackId, SnapshotId};
@@ -29,16 +30,18 @@ pub use keys::{
     PasswordSeal, RepoKeys,
 };
 pub use pack::{
-    PackBuilder, PackEntry, PackHeader, SealedPack, header_length, open_blob, read_pack_header,
-    seal_blob,
+    HEADER_PADDING, PackBuilder, PackEntry, PackHeader, SealedPack, header_length, open_blob,
+    read_pack_header, seal_blob,
 };
+pub use prf_cut::{PrfCut, WINDOW as PRF_CUT_WINDOW};
 pub use snapshot::{Snapshot, SnapshotKind, Summary};
 pub use tree::{
     ChunkRef, Extent, FileContent, Metadata, Node, NodeBody, Timestamp, TreePage, Xattr,
     validate_name,
 };
 
-/// The format version written as the first byte of every stored object.
+/// The encoding version written as the first byte of every stored object but the config.
+/// The config's first byte is the repository's format version ([`RepoFormat`]): 1 or 2.
 pub const FORMAT_VERSION: u8 = 1;
 
 /// Largest plaintext any stored object may declare (bounds allocations on hostile input).
@@ -125,8 +128,11 @@ pub enum FormatError {
         /// Bytes available.
         len: usize,
     },
-    /// A format version this build does not know.
-    #[error("unsupported format version {found} (this build reads version {FORMAT_VERSION})")]
+    /// A version byte this build does not know for the object.
+    #[error(
+        "unsupported version {found} (this build reads repositories of format 1 and 2, whose \
+         objects other than the config are all of version 1)"
+    )]
     Version {
         /// The version byte found.
         found: u8,
@@ -187,8 +193,13 @@ pub enum FormatError {
 
 /// Associated data for an object or blob: version, kind, then the identity bytes.
 pub(crate) fn associated_data(kind: ObjectKind, identity: &[u8]) -> Vec<u8> {
+    associated_data_of(FORMAT_VERSION, kind, identity)
+}
+
+/// Associated data for an object of encoding `version`.
+fn associated_data_of(version: u8, kind: ObjectKind, identity: &[u8]) -> Vec<u8> {
     let mut ad = Vec::with_capacity(2 + identity.len());
-    ad.push(FORMAT_VERSION);
+    ad.push(version);
     ad.push(kind as u8);
     ad.extend_from_slice(identity);
     ad
@@ -199,17 +210,27 @@ pub(crate) fn associated_data(kind: ObjectKind, identity: &[u8]) -> Vec<u8> {
 /// # Errors
 /// Truncated input, an unknown version or an unexpected kind.
 pub fn split_prefix(bytes: &[u8], expected: ObjectKind) -> Result<&[u8], FormatError> {
+    split_versioned(bytes, expected, &[FORMAT_VERSION]).map(|(_, rest)| rest)
+}
+
+/// Checks the two-byte prefix of a stored object whose version may be any of `versions`;
+/// returns the version and the rest.
+fn split_versioned<'a>(
+    bytes: &'a [u8],
+    expected: ObjectKind,
+    versions: &[u8],
+) -> Result<(u8, &'a [u8]), FormatError> {
     let [version, kind, rest @ ..] = bytes else {
         return Err(FormatError::Truncated { what: "object prefix", len: bytes.len() });
     };
-    if *version != FORMAT_VERSION {
+    if !versions.contains(version) {
         return Err(FormatError::Version { found: *version });
     }
     let found = ObjectKind::from_byte(*kind)?;
     if found != expected {
         return Err(FormatError::WrongKind { expected, found });
     }
-    Ok(rest)
+    Ok((*version, rest))
 }
 
 /// Encrypts a whole stored object: prefix, nonce, ciphertext of `[compression][len][body]`.
@@ -219,11 +240,24 @@ pub(crate) fn seal_object(
     identity: &[u8],
     body: &[u8],
 ) -> Vec<u8> {
-    let plain = compress::encode(compress::OBJECT_LEVEL, body);
+    seal_object_as(cipher, FORMAT_VERSION, compress::OBJECT_LEVEL, kind, identity, body)
+}
+
+/// [`seal_object`] with the prefix's `version` and the zstd `level` (0: stored raw, so the
+/// sealed length follows the body's exactly, padding included).
+pub(crate) fn seal_object_as(
+    cipher: &Cipher,
+    version: u8,
+    level: i32,
+    kind: ObjectKind,
+    identity: &[u8],
+    body: &[u8],
+) -> Vec<u8> {
+    let plain = compress::encode(level, body);
     let mut out = Vec::with_capacity(2 + NONCE_LEN + plain.len() + TAG_LEN);
-    out.push(FORMAT_VERSION);
+    out.push(version);
     out.push(kind as u8);
-    cipher.seal_append(&mut out, &associated_data(kind, identity), &plain);
+    cipher.seal_append(&mut out, &associated_data_of(version, kind, identity), &plain);
     out
 }
 
@@ -237,9 +271,21 @@ pub fn open_object(
     identity: &[u8],
     bytes: &[u8],
 ) -> Result<Vec<u8>, FormatError> {
-    let sealed = split_prefix(bytes, kind)?;
-    let plain = cipher.open(&associated_data(kind, identity), sealed)?;
-    compress::decode(&plain)
+    open_object_of(cipher, kind, identity, bytes, &[FORMAT_VERSION]).map(|(_, body)| body)
+}
+
+/// [`open_object`] of an object whose version may be any of `versions` (the version is
+/// authenticated with the rest); returns the version and the body.
+pub(crate) fn open_object_of(
+    cipher: &Cipher,
+    kind: ObjectKind,
+    identity: &[u8],
+    bytes: &[u8],
+    versions: &[u8],
+) -> Result<(u8, Vec<u8>), FormatError> {
+    let (version, sealed) = split_versioned(bytes, kind, versions)?;
+    let plain = cipher.open(&associated_data_of(version, kind, identity), sealed)?;
+    Ok((version, compress::decode(&plain)?))
 }
 
 /// Decodes a postcard body, requiring that every byte is used.
@@ -253,6 +299,23 @@ pub(crate) fn decode_body<'de, T: serde::Deserialize<'de>>(
         return Err(FormatError::Invalid {
             what,
             reason: format!("{} trailing bytes", rest.len()),
+        });
+    }
+    Ok(value)
+}
+
+/// Decodes a postcard body followed by zero padding (none, or up to `max_padding` zero bytes).
+pub(crate) fn decode_padded<'de, T: serde::Deserialize<'de>>(
+    what: &'static str,
+    bytes: &'de [u8],
+    max_padding: usize,
+) -> Result<T, FormatError> {
+    let (value, rest) =
+        postcard::take_from_bytes(bytes).map_err(|source| FormatError::Decode { what, source })?;
+    if rest.len() > max_padding || rest.iter().any(|b| *b != 0) {
+        return Err(FormatError::Invalid {
+            what,
+            reason: format!("{} trailing bytes that are not its padding", rest.len()),
         });
     }
     Ok(value)

@@ -5,11 +5,17 @@ use std::collections::HashSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
-use crate::format::{PackEntry, PackId};
+use crate::format::{HEADER_PADDING, ObjectKind, PackEntry, PackId, RepoFormat};
 use crate::gc::lease::{self, LeaseCheck};
 use crate::gc::state::{self, GcDir, GcMark, GcObject, GcWriters};
 use crate::gc::{GcOptions, MarkReport, refs, repack};
 use crate::repo::{MemIndex, Repository, blocking, layout, unix_now};
+
+/// What every pack holds besides its blobs and their entries: the two-byte prefix, the
+/// sealed header's envelope (47 bytes) and the four-byte trailer.
+const PACK_OVERHEAD: u64 = 2 + 47 + 4;
+/// A header entry's largest encoding (a 32-byte id, a kind, three varint u32s).
+const PACK_ENTRY_BYTES: u64 = 48;
 
 pub(crate) async fn run(
     repo: &Repository,
@@ -37,20 +43,33 @@ pub(crate) async fn run(
     report.referenced_blobs = refs.len() as u64;
 
     // Live bytes per pack, counting each referenced blob once, in the pack the index chose.
+    // Dead bytes: the rest of the pack (unreferenced blobs, and copies of blobs the index
+    // resolves elsewhere, which it does not list) less what every pack carries besides its
+    // blobs (prefix, header, padding, trailer), so a pack of live blobs is never repacked
+    // for its header alone, again and again.
     let packs = index.packs();
     report.packs = packs.len() as u64;
-    let mut live = vec![(0u64, 0u32); packs.len()];
+    let mut live = vec![(0u64, 0u32, false); packs.len()];
     index.for_each(|id, pack, loc| {
+        live[pack].2 |= loc.kind == ObjectKind::DataBlob;
         if refs.contains(id) {
             live[pack].0 += u64::from(loc.length);
             live[pack].1 += 1;
         }
     });
+    // Format 2 pads data packs' headers (not tree packs').
+    let padding = match repo.config().format {
+        RepoFormat::V1 => 0,
+        RepoFormat::V2 => HEADER_PADDING as u64,
+    };
     let mut condemned = Vec::new();
     let mut to_repack: HashSet<usize> = HashSet::new();
     for (n, info) in packs.iter().enumerate() {
-        let (live_bytes, live_blobs) = live[n];
-        let dead = info.size.saturating_sub(live_bytes);
+        let (live_bytes, live_blobs, data) = live[n];
+        let overhead = PACK_OVERHEAD
+            + PACK_ENTRY_BYTES * u64::from(live_blobs)
+            + if data { padding } else { 0 };
+        let dead = info.size.saturating_sub(live_bytes + overhead);
         if live_blobs == 0 {
             condemned.push(info.id);
             report.condemned_bytes += info.size;

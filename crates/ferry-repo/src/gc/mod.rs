@@ -52,7 +52,8 @@ pub const MAX_LEASE_TTL: Duration = Duration::from_secs(60 * 60);
 #[derive(Debug, Clone)]
 pub struct GcOptions {
     /// A pack some snapshot still uses is rewritten (its live blobs copied to a new pack,
-    /// the old one deleted) when at least this fraction of its bytes is garbage.
+    /// the old one deleted) when at least this fraction of its bytes is garbage (its
+    /// header, padding and trailer not counted as garbage).
     pub repack_dead_fraction: f64,
     /// ...and when at least this many of its bytes are garbage.
     pub repack_min_dead_bytes: u64,

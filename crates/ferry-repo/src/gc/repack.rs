@@ -92,7 +92,7 @@ async fn store(
     copied: &mut Copied,
     cancel: &CancellationToken,
 ) -> RepoResult<IndexPack> {
-    let sealed = builder.finish(&repo.keys().cipher);
+    let sealed = builder.finish(&repo.keys().cipher, repo.config().format);
     let key = layout::pack(&sealed.id)?;
     let size = sealed.bytes.len() as u64;
     repo.store()

@@ -43,7 +43,7 @@ pub async fn populate(
         let (id, raw) = chunk(n);
         builder.add(&keys, id, ObjectKind::DataBlob, 0, &raw);
         if builder.entries().len() as u32 == BLOBS_PER_PACK || n + 1 == total {
-            let sealed = std::mem::take(&mut builder).finish(&keys.cipher);
+            let sealed = std::mem::take(&mut builder).finish(&keys.cipher, repo.config().format);
             let key = layout::pack(&sealed.id)?;
             let size = sealed.bytes.len() as u64;
             repo.store()
@@ -85,7 +85,7 @@ pub async fn populate(
             }
         }
         if !tree.is_empty() {
-            let sealed = tree.finish(&keys.cipher);
+            let sealed = tree.finish(&keys.cipher, repo.config().format);
             let key = layout::pack(&sealed.id)?;
             let size = sealed.bytes.len() as u64;
             repo.store()

@@ -13,10 +13,14 @@
 //! a size-limited volume such as the agent's emptyDir counts), at least its length; folders
 //! are not counted. An object larger than a quarter of the budget is not cached. Every cache
 //! of this process on one directory and budget shares one [`Budget`], a running total counted
-//! by listing the directory at its first write. After a write that takes the total over the
-//! budget, the directory is listed and the least recently used files of all folders (by
-//! modification time, which a hit refreshes) are removed until it holds at most three
-//! quarters of the budget; folders left empty go too.
+//! by listing the directory at its first write. Each write reserves its size first: if the
+//! files, the writes under way and this one would pass the budget, the directory is listed and
+//! the least recently used files of all folders (by modification time, which a hit refreshes)
+//! are removed until it holds at most three quarters of the budget (less if the writes under
+//! way need it) before the write starts; folders left empty go too; a write for which the
+//! writes under way leave no room is skipped. So the directory stays within the budget while
+//! several threads write at once: the size-limited volume it lives on needs no room beyond
+//! the budget for this process's writes.
 //!
 //! Eviction never spoils a read: a hit reads the file whole through one descriptor, and a file
 //! removed (unlinked) while open stays readable through it; a file removed before it is opened
@@ -119,12 +123,18 @@ impl DiskCache {
         if path.exists() {
             return;
         }
-        if let Err(e) = write_atomically(&path, bytes) {
-            tracing::debug!(path = %path.display(), error = %e, "not cached");
+        let Some(reserved) = self.budget.reserve(len) else {
+            tracing::debug!(path = %path.display(), "not cached: writes under way fill the budget");
             return;
-        }
-        let size = fs::symlink_metadata(&path).map_or(len, |meta| disk_size(&meta));
-        self.budget.add(size);
+        };
+        let size = match write_atomically(&path, bytes) {
+            Ok(()) => fs::symlink_metadata(&path).map_or(len, |meta| disk_size(&meta)),
+            Err(e) => {
+                tracing::debug!(path = %path.display(), error = %e, "not cached");
+                0
+            }
+        };
+        self.budget.settle(reserved, size);
     }
 }
 
@@ -134,10 +144,22 @@ struct Budget {
     /// The cache directory, made absolute.
     dir: PathBuf,
     max_bytes: u64,
-    /// Bytes this process believes the directory holds (`None` until first counted). Held
+    /// What this process believes the directory holds (`None` until first counted). Held
     /// through an eviction, so this process runs one at a time.
-    held: Mutex<Option<u64>>,
+    held: Mutex<Option<Held>>,
 }
+
+/// A budget's running counts.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    /// Bytes the cache's files take.
+    on_disk: u64,
+    /// Bytes reserved by writes under way: room made before they write.
+    in_flight: u64,
+}
+
+/// How long a temporary file is taken for a write under way.
+const TEMP_FILE_AGE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The budgets of this process's caches, found again by directory and size.
 static BUDGETS: Mutex<Vec<Weak<Budget>>> = Mutex::new(Vec::new());
@@ -165,15 +187,35 @@ impl Budget {
         budget
     }
 
-    /// Counts `size` more bytes, just written (the first write counts the directory, that
-    /// file included); over the budget, evicts.
-    fn add(&self, size: u64) {
+    /// Makes room for a write of `len` bytes before it starts and returns what it reserved
+    /// (to hand to [`Budget::settle`]): evicts first if the files, the writes under way and
+    /// this one would pass the budget, so concurrent writes never take the directory over it
+    /// (the first reservation counts the directory). `None`, and nothing evicted, when the
+    /// writes under way leave no room for this one: it is not cached.
+    fn reserve(&self, len: u64) -> Option<u64> {
+        // Files take whole blocks.
+        let len = len.next_multiple_of(4096);
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        let total = match *held {
-            Some(n) => n + size,
-            None => self.on_disk(),
-        };
-        *held = Some(if total > self.max_bytes { self.evict() } else { total });
+        let counts = held.get_or_insert_with(|| Held { on_disk: self.on_disk(), in_flight: 0 });
+        let room = self.max_bytes.checked_sub(counts.in_flight + len)?;
+        if counts.on_disk > room {
+            counts.on_disk = self.evict((self.max_bytes / 4 * 3).min(room));
+        }
+        counts.in_flight += len;
+        Some(len)
+    }
+
+    /// Ends a write that [`Budget::reserve`]d `reserved` bytes and took `size` bytes of disk
+    /// (0: it failed). A file larger than its reservation may pass the budget: then evicts.
+    fn settle(&self, reserved: u64, size: u64) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let counts = held.get_or_insert_with(|| Held { on_disk: self.on_disk(), in_flight: 0 });
+        counts.in_flight = counts.in_flight.saturating_sub(reserved);
+        counts.on_disk += size;
+        if counts.on_disk + counts.in_flight > self.max_bytes {
+            let room = self.max_bytes.saturating_sub(counts.in_flight);
+            counts.on_disk = self.evict((self.max_bytes / 4 * 3).min(room));
+        }
     }
 
     /// Bytes the cache's files take on disk now.
@@ -181,8 +223,10 @@ impl Budget {
         self.files().iter().map(|f| f.size).sum()
     }
 
-    /// Every file of the cache: `<dir>/<repository id>/<kind>/*` (temporary files of
-    /// interrupted writes included), never following a symbolic link.
+    /// Every file of the cache: `<dir>/<repository id>/<kind>/*`, never following a symbolic
+    /// link. Temporary files of writes under way (younger than [`TEMP_FILE_AGE`]) are left
+    /// out: their writers have reserved their room; older ones, left by interrupted writes,
+    /// are counted and evicted like the rest.
     fn files(&self) -> Vec<CachedFile> {
         let mut out = Vec::new();
         for (repo, meta) in listing(&self.dir) {
@@ -191,8 +235,11 @@ impl Budget {
             }
             for kind in Cached::ALL {
                 for (path, meta) in listing(&repo.join(kind.folder())) {
-                    if meta.is_file() {
-                        let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                    let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                    let fresh = !used.elapsed().is_ok_and(|age| age >= TEMP_FILE_AGE);
+                    let temporary =
+                        path.file_name().is_some_and(|n| n.as_encoded_bytes().starts_with(b"."));
+                    if meta.is_file() && !(temporary && fresh) {
                         out.push(CachedFile { path, size: disk_size(&meta), used });
                     }
                 }
@@ -201,13 +248,12 @@ impl Budget {
         out
     }
 
-    /// Removes the least recently used files of all folders until at most three quarters of
-    /// the budget remain, then the folders it emptied; returns the bytes left.
-    fn evict(&self) -> u64 {
+    /// Removes the least recently used files of all folders until at most `goal` bytes
+    /// remain, then the folders it emptied; returns the bytes left.
+    fn evict(&self, goal: u64) -> u64 {
         let mut files = self.files();
         files.sort_by_key(|f| f.used);
         let mut total: u64 = files.iter().map(|f| f.size).sum();
-        let goal = self.max_bytes / 4 * 3;
         let mut touched = BTreeSet::new();
         for file in files {
             if total <= goal {
@@ -351,6 +397,38 @@ mod tests {
         assert!(c.get(Cached::Index, &first.1).is_some());
         assert!(c.get(Cached::Index, &objects[1].1).is_none(), "oldest unused one evicted");
         assert!(c.get(Cached::Index, &objects[19].1).is_some());
+    }
+
+    #[test]
+    fn room_is_made_before_a_write_so_writes_at_once_stay_within_the_budget() {
+        let dir = tempdir();
+        let c = cache(dir.path(), 400_000);
+        for n in 0..9 {
+            let (bytes, id) = object(n, 40_000);
+            c.put(Cached::TreePack, &id, &bytes);
+            age(&c.path(Cached::TreePack, &id), 1000 - u64::from(n));
+        }
+        let before = c.budget.on_disk();
+        assert!(before > 300_000, "{before}");
+        // Two large writes under way at once (each a quarter of the budget, rounded to blocks):
+        // their room is made before either writes.
+        let first = c.budget.reserve(100_000).expect("room");
+        let second = c.budget.reserve(100_000).expect("room");
+        assert_eq!((first, second), (102_400, 102_400));
+        let on_disk = c.budget.on_disk();
+        assert!(on_disk + first + second <= 400_000, "{on_disk} on disk");
+        // Writes under way that leave no room for another: it is not cached, nothing evicted.
+        let third = c.budget.reserve(100_000).expect("room");
+        let held = c.budget.on_disk();
+        assert!(c.budget.reserve(100_000).is_none(), "a fourth quarter does not fit");
+        assert_eq!(c.budget.on_disk(), held);
+        c.budget.settle(first, 0);
+        c.budget.settle(second, 0);
+        c.budget.settle(third, 0);
+        let (bytes, id) = object(20, 100_000);
+        c.put(Cached::TreePack, &id, &bytes);
+        assert!(c.budget.on_disk() <= 400_000);
+        assert_eq!(c.get(Cached::TreePack, &id), Some(bytes));
     }
 
     #[test]

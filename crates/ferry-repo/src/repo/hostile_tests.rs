@@ -317,5 +317,5 @@ async fn a_stale_or_wrong_hint_still_opens_with_the_right_key() {
     assert_eq!(reads.iter().filter(|r| r.contains(&huge_key)).count(), 1, "{reads:?}");
     // A wrong password with a hint is still a wrong password, all keys tried.
     let wrong = Repository::open_with_hint(fs, b"nope", Some(ids[1]), &cancel).await;
-    assert!(matches!(wrong, Err(RepoError::WrongPassword { tried: 4 })), "{wrong:?}");
+    assert!(matches!(wrong, Err(RepoError::WrongPassword { tried: 4, .. })), "{wrong:?}");
 }

@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
     BlobId, Chunker, ChunkerParams, Config, IndexFile, IndexId, KMS_CONTEXT, KdfParams, KeyFile,
-    KeyId, MasterKey, ObjectKind, PackParams, RepoKeys, TreePage, content_address, open_blob,
+    KeyId, MasterKey, ObjectKind, PackParams, RepoFormat, RepoKeys, TreePage, content_address,
+    open_blob,
 };
 use cache::PackCache;
 use capped::Limit;
@@ -55,6 +56,9 @@ pub struct InitOptions {
     /// password, so that opening the repository needs both. Also used to open the repository
     /// when it exists already (see [`OpenOptions::key_wrapper`]).
     pub key_wrapper: Option<Arc<dyn KeyWrapper>>,
+    /// The repository's format: the latest ([`RepoFormat::V2`]) by default; format 1 only to
+    /// write a repository older builds can read.
+    pub format: RepoFormat,
 }
 
 /// Whether [`Repository::init`] created the repository.
@@ -160,6 +164,7 @@ impl Repository {
             chunker: options.chunker,
             volume_chunker: None,
             packs: options.packs,
+            format: options.format,
         };
         config
             .validate()
@@ -205,7 +210,7 @@ impl Repository {
         key_wrapper: Option<Arc<dyn KeyWrapper>>,
     ) -> RepoResult<Self> {
         let keys = master.derive();
-        let chunker = Chunker::new(config.chunker, keys.gear())
+        let chunker = Chunker::for_format(config.format, config.chunker, &keys)
             .map_err(|e| RepoError::corrupt("config", e))?;
         Ok(Self {
             inner: Arc::new(Inner {

@@ -244,15 +244,19 @@ impl Search<'_> {
         }
     }
 
-    /// Why no key file opened: the KMS's refusal, else the KMS keys needed, else the password.
+    /// Why no key file opened: the KMS keys needed, when key files were skipped for want of a
+    /// KMS; else the password, when it was tried and failed (with the KMS's refusal of another
+    /// key file, which might have opened, said alongside); else the KMS's refusal.
     fn failure(self) -> RepoError {
-        if let Some(refused) = self.kms_refused {
-            return refused;
-        }
         if !self.kms_needed.is_empty() {
             return RepoError::KmsKeyNeeded { key_ids: self.kms_needed.into_iter().collect() };
         }
-        RepoError::WrongPassword { tried: self.tried }
+        match self.kms_refused {
+            Some(refused) if self.tried == 0 => refused,
+            untried => {
+                RepoError::WrongPassword { tried: self.tried, untried: untried.map(Box::new) }
+            }
+        }
     }
 }
 

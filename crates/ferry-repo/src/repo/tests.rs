@@ -43,7 +43,7 @@ async fn init_open_wrong_password_and_missing() -> RepoResult<()> {
         let again = Repository::open(Arc::clone(&store), b"pw", &cancel).await?;
         assert_eq!(again.config(), repo.config());
         let wrong = Repository::open(Arc::clone(&store), b"nope", &cancel).await;
-        assert!(matches!(wrong, Err(RepoError::WrongPassword { tried: 1 })), "{wrong:?}");
+        assert!(matches!(wrong, Err(RepoError::WrongPassword { tried: 1, .. })), "{wrong:?}");
         let (_, outcome) =
             Repository::init(Arc::clone(&store), b"pw", &fast_options(), &cancel).await?;
         assert_eq!(outcome, InitOutcome::AlreadyExisted);
@@ -144,7 +144,7 @@ async fn password_change_keeps_data_readable() -> RepoResult<()> {
         assert_eq!(repo.key_id(), new_id, "the handle now counts as opened with the new key");
         assert!(matches!(
             Repository::open(Arc::clone(&store), b"old", &cancel).await,
-            Err(RepoError::WrongPassword { tried: 1 })
+            Err(RepoError::WrongPassword { tried: 1, .. })
         ));
         let reopened = Repository::open(Arc::clone(&store), b"new", &cancel).await?;
         assert_eq!(reopened.config(), repo.config());

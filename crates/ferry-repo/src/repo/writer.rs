@@ -1,7 +1,12 @@
 //! Writing blobs: shared open packs, a concurrent uploader, index checkpoints.
 //!
-//! Workers share one open pack per blob kind through [`LocalPacker`]s; each blob is compressed
-//! and encrypted on its worker and only copied into the pack under a lock. A full pack is
+//! Workers share open packs through [`LocalPacker`]s: [`OPEN_DATA_PACKS`] for data blobs, each
+//! blob placed in one of them at random, and one for tree blobs. Each blob is compressed and
+//! encrypted on its worker and only copied into the pack under a lock. Spreading data blobs
+//! at random means a pack's contents are not a run of consecutive chunks of one file, whose
+//! sizes would help the attacks on keyed chunking (FORMAT.md); at the end the partly filled
+//! data packs are merged into one when they fit, so a small backup still writes one pack
+//! (and a file of two chunks does not get a pack per chunk). A full pack is
 //! sealed on the worker and handed to the uploader task, which stores up to
 //! [`UPLOAD_CONCURRENCY`] packs at once. A stored pack is queued for the next index file, and
 //! its blobs join the in-memory index only once that file is written; an index file is written
@@ -27,6 +32,8 @@ use crate::format::{
 };
 use crate::repo::{MemIndex, Repository, layout};
 
+/// Open data packs each data blob is placed among at random.
+pub(crate) const OPEN_DATA_PACKS: usize = 2;
 /// Packs stored at once.
 pub(crate) const UPLOAD_CONCURRENCY: usize = 3;
 /// Packs per index checkpoint.
@@ -49,7 +56,7 @@ pub(crate) struct WriteStats {
 #[derive(Debug, Clone)]
 pub(crate) struct PackSink {
     tx: mpsc::Sender<SealedPack>,
-    data: Arc<Mutex<PackBuilder>>,
+    data: Arc<[Mutex<PackBuilder>; OPEN_DATA_PACKS]>,
     tree: Arc<Mutex<PackBuilder>>,
 }
 
@@ -90,7 +97,8 @@ impl Uploader {
         let stats = Arc::new(WriteStats::default());
         let repo = Leased { repo: repo.clone(), lease };
         let task = tokio::spawn(run(repo, index, rx, Arc::clone(&stats), cancel.clone()));
-        (PackSink { tx, data: Arc::default(), tree: Arc::default() }, Self { task, stats })
+        let data = Arc::new(std::array::from_fn(|_| Mutex::default()));
+        (PackSink { tx, data, tree: Arc::default() }, Self { task, stats })
     }
 
     /// Waits until every pack sent is stored and indexed. All sinks must be dropped first.
@@ -221,9 +229,9 @@ pub(crate) async fn write_index(
     Ok(id)
 }
 
-/// A worker's handle on the shared open packs (one per blob kind). Blobs are compressed and
-/// encrypted on the worker; only the copy into the pack happens under the lock, so all workers
-/// fill the same pack and memory holds one open pack per kind, not one per worker.
+/// A worker's handle on the shared open packs (two for data, one for trees). Blobs are
+/// compressed and encrypted on the worker; only the copy into a pack happens under its lock,
+/// so all workers fill the same packs and memory holds three open packs, not a pack per worker.
 #[derive(Debug)]
 pub(crate) struct LocalPacker {
     repo: Repository,
@@ -260,7 +268,11 @@ impl LocalPacker {
         let sealed = seal_blob(keys, id, kind, level, raw);
         self.stats.raw_bytes.fetch_add(raw.len() as u64, Ordering::Relaxed);
         self.stats.blobs.fetch_add(1, Ordering::Relaxed);
-        let open = if kind == ObjectKind::TreeBlob { &self.sink.tree } else { &self.sink.data };
+        let open = if kind == ObjectKind::TreeBlob {
+            &*self.sink.tree
+        } else {
+            &self.sink.data[rand::random_range(0..OPEN_DATA_PACKS)]
+        };
         let full = {
             let mut builder = open.lock().map_err(|_| RepoError::Internal {
                 what: "pack writer",
@@ -270,21 +282,38 @@ impl LocalPacker {
             (builder.size() >= self.target).then(|| std::mem::take(&mut *builder))
         };
         if let Some(full) = full {
-            self.sink.send(full.finish(&keys.cipher))?;
+            self.sink.send(full.finish(&keys.cipher, self.repo.config().format))?;
         }
         Ok(sealed.len() as u64)
     }
 }
 
 impl PackSink {
-    /// Seals and sends the partly filled shared packs; call once every writer is done.
+    /// Seals and sends the partly filled shared packs; call once every writer is done. The
+    /// data packs are merged into as few packs as the target allows.
     pub(crate) fn flush(&self, repo: &Repository) -> RepoResult<()> {
-        for open in [&self.data, &self.tree] {
-            let builder = open.lock().map(|mut b| std::mem::take(&mut *b)).map_err(|_| {
-                RepoError::Internal { what: "pack writer", reason: "lock poisoned".into() }
-            })?;
+        let take = |open: &Mutex<PackBuilder>| {
+            open.lock().map(|mut b| std::mem::take(&mut *b)).map_err(|_| RepoError::Internal {
+                what: "pack writer",
+                reason: "lock poisoned".into(),
+            })
+        };
+        let target = repo.config().packs.target_size as usize;
+        let mut merged: Vec<PackBuilder> = Vec::new();
+        for open in self.data.iter() {
+            let builder = take(open)?;
+            if builder.is_empty() {
+                continue;
+            }
+            match merged.last_mut() {
+                Some(last) if last.size() + builder.size() <= target => last.append(builder),
+                _ => merged.push(builder),
+            }
+        }
+        merged.push(take(&self.tree)?);
+        for builder in merged {
             if !builder.is_empty() {
-                self.send(builder.finish(&repo.keys().cipher))?;
+                self.send(builder.finish(&repo.keys().cipher, repo.config().format))?;
             }
         }
         Ok(())

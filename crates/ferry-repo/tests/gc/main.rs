@@ -16,23 +16,27 @@ use ferry_store::{FsStore, ObjectStore};
 use support::*;
 use tokio_util::sync::CancellationToken;
 
-/// Two snapshots sharing three files; the first is forgotten. Returns the sources.
+/// Three snapshots: `a` (files 1 and 4), `x` (files 5 and 6), then `b` (files 1 and 7); `a`
+/// and `x` are forgotten. Returns `b`'s snapshot and source.
 ///
-/// One reader thread, so files reach packs in walk order (f1, f3, f5, sub/f2, …) and a pack
-/// always mixes the shared files with the forgotten ones (with two, the threads could happen
-/// to pack the shared and the forgotten files apart, leaving nothing to rewrite).
+/// Two files of 400 KiB fit one 1 MiB pack, and a backup merges its partly filled data packs
+/// at its end, so `a` is one pack mixing a file `b` keeps with one only `a` had (rewritten by
+/// a collection), and `x` one pack nothing needs (deleted): whatever the random placement of
+/// blobs between open packs. Three files come back: 4, 5 and 6.
 pub async fn two_snapshots_forget_first(
     repo: &Repository,
     dir: &std::path::Path,
 ) -> (ferry_repo::SnapshotId, std::path::PathBuf) {
-    let a = tree(&dir.join("a"), &[1, 2, 3, 4, 5, 6]);
-    let b = tree(&dir.join("b"), &[1, 2, 3, 7, 8, 9]);
-    let one_reader = ferry_repo::BackupOptions { threads: 1, ..Default::default() };
+    let a = tree(&dir.join("a"), &[1, 4]);
+    let x = tree(&dir.join("x"), &[5, 6]);
+    let b = tree(&dir.join("b"), &[1, 7]);
     let cancel = CancellationToken::new();
-    let sa = ferry_repo::backup_tree(repo, &a, &one_reader, None, &cancel).await.unwrap();
-    let sb = ferry_repo::backup_tree(repo, &b, &one_reader, None, &cancel).await.unwrap();
+    let options = ferry_repo::BackupOptions::default();
+    let sa = ferry_repo::backup_tree(repo, &a, &options, None, &cancel).await.unwrap();
+    let sx = ferry_repo::backup_tree(repo, &x, &options, None, &cancel).await.unwrap();
+    let sb = ferry_repo::backup_tree(repo, &b, &options, None, &cancel).await.unwrap();
     assert!(sb.bytes_new < sb.bytes_total, "b shares data with a");
-    forget(repo, &[sa.snapshot_id], &CancellationToken::new()).await.unwrap();
+    forget(repo, &[sa.snapshot_id, sx.snapshot_id], &CancellationToken::new()).await.unwrap();
     (sb.snapshot_id, b)
 }
 
@@ -53,7 +57,7 @@ pub async fn reclaim(store: Arc<dyn ObjectStore>) {
     assert!(mark.condemned_packs >= 1 && stats.deleted_packs >= 1, "{report:?}");
     assert!(mark.repacked_packs >= 1, "a pack shared by both snapshots is rewritten: {report:?}");
     let after = data_bytes(store.as_ref()).await;
-    // Files 4, 5 and 6 were only in the forgotten snapshot.
+    // Files 4, 5 and 6 were only in the forgotten snapshots.
     assert!(before - after >= 3 * FILE as u64, "before {before}, after {after}");
     assert_eq!(report.deleted().1, stats.deleted_bytes);
     // The rest: clean and restorable, also through a fresh handle.
