@@ -284,3 +284,18 @@ fn gc_over_a_lost_index_stops_says_why_and_deletes_nothing() {
     assert!(line.contains("missing from the index") && line.contains("ferry check"), "{line}");
     assert_eq!(files(&repo.join("data")), data_before, "no pack deleted");
 }
+
+#[test]
+fn gc_says_which_lease_no_running_ferry_wrote_and_is_not_held_up_by_it() {
+    let case = Case::new("good");
+    let locks = case.root().join("repo/locks");
+    std::fs::create_dir_all(&locks).expect("locks folder");
+    let name = format!("{}-{:020}", "cd".repeat(16), 99_999_999_999u64);
+    std::fs::write(locks.join(&name), "forged").expect("a forged lease");
+    let text = ok(&case.ferry(&["gc"]));
+    assert!(text.contains(&format!("gc: ignored lease locks/{name}")), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(ok(&case.ferry(&["gc", "--json"])).trim()).expect("JSON");
+    assert_eq!(json["ignored_leases"][0], format!("locks/{name}"), "{json}");
+    assert_eq!(json["waiting_for_writers"], 0, "held up by the forged lease: {json}");
+}
