@@ -864,3 +864,47 @@ fn repo_move_moves_a_repository_and_reruns_safely() {
     assert_eq!(files_under(&new_root).len(), before);
     assert_eq!(files_under(&dir.path().join("other")).len(), 2, "config and one key");
 }
+
+/// The command line, the operator's own tool, restores with full fidelity what the agent
+/// withholds unless a DataDownload asks: a device node, a set-user-ID file owned by root and a
+/// `trusted.*` extended attribute come back as they were. Needs root.
+#[test]
+fn the_command_line_restores_devices_set_id_bits_and_privileged_xattrs() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+    assert!(nix::unistd::geteuid().is_root(), "device nodes and trusted.* need root");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, src) = repo_and_tree(dir.path());
+    let device = nix::sys::stat::makedev(1, 3);
+    let mode = nix::sys::stat::Mode::from_bits_truncate(0o644);
+    nix::sys::stat::mknod(&src.join("null"), nix::sys::stat::SFlag::S_IFCHR, mode, device)
+        .expect("mknod");
+    let tool = src.join("tool");
+    std::fs::write(&tool, b"#!/bin/sh\n").expect("write");
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o4755)).expect("chmod");
+    let set = Command::new("setfattr")
+        .args(["-n", "trusted.ferry", "-v", "kept"])
+        .arg(&tool)
+        .status()
+        .expect("setfattr");
+    assert!(set.success(), "setting a trusted.* attribute");
+
+    let src_arg = src.to_str().expect("utf-8");
+    let backup: serde_json::Value = serde_json::from_str(
+        ok(&ferry(&[], &["backup", "--repo", &repo, "--json", src_arg])).trim(),
+    )
+    .expect("JSON");
+    let id = backup["snapshot_id"].as_str().expect("snapshot id").to_owned();
+    let target = dir.path().join("restored");
+    ok(&ferry(&[], &["restore", "--repo", &repo, &id, target.to_str().expect("utf-8")]));
+
+    let null = std::fs::symlink_metadata(target.join("null")).expect("device restored");
+    assert!(null.file_type().is_char_device() && null.rdev() == device, "{null:?}");
+    let restored = std::fs::symlink_metadata(target.join("tool")).expect("tool restored");
+    assert_eq!((restored.mode() & 0o7777, restored.uid()), (0o4755, 0), "set-user-ID kept");
+    let get = Command::new("getfattr")
+        .args(["--only-values", "-n", "trusted.ferry"])
+        .arg(target.join("tool"))
+        .output()
+        .expect("getfattr");
+    assert_eq!(String::from_utf8_lossy(&get.stdout), "kept", "trusted.* kept: {get:?}");
+}
