@@ -191,13 +191,7 @@ mod tests {
     }
 
     fn gear(seed: u8) -> [u64; 256] {
-        let mut g = [0u64; 256];
-        let mut bytes = [0u8; 2048];
-        blake3::Hasher::new_keyed(&[seed; 32]).finalize_xof().fill(&mut bytes);
-        for (i, c) in bytes.chunks_exact(8).enumerate() {
-            g[i] = u64::from_le_bytes(c.try_into().unwrap_or_default());
-        }
-        g
+        crate::format::keys::table(&[seed; 32])
     }
 
     fn noise(len: usize, seed: u8) -> Vec<u8> {

@@ -81,7 +81,7 @@ impl MasterKey {
 }
 
 /// 256 secret 64-bit values: the BLAKE3 output stream keyed by `key`, little-endian.
-fn table(key: &[u8; 32]) -> [u64; 256] {
+pub(crate) fn table(key: &[u8; 32]) -> [u64; 256] {
     let mut bytes = [0u8; 256 * 8];
     blake3::Hasher::new_keyed(key).finalize_xof().fill(&mut bytes);
     let mut out = [0u64; 256];

@@ -137,16 +137,14 @@ impl PrfCut {
 mod tests {
     use super::*;
 
+    /// The table is the first 2048 bytes of the stream keyed by `[seed; 32]`, the key the 16
+    /// after them.
     fn cut_of(seed: u8) -> PrfCut {
-        let mut bytes = [0u8; 2048 + 16];
-        blake3::Hasher::new_keyed(&[seed; 32]).finalize_xof().fill(&mut bytes);
-        let mut table = [0u64; 256];
-        for (t, c) in table.iter_mut().zip(bytes.chunks_exact(8)) {
-            *t = u64::from_le_bytes(c.try_into().unwrap_or_default());
-        }
+        let mut stream = blake3::Hasher::new_keyed(&[seed; 32]).finalize_xof();
+        stream.set_position(2048);
         let mut key = [0u8; 16];
-        key.copy_from_slice(&bytes[2048..]);
-        PrfCut::new(&table, &key)
+        stream.fill(&mut key);
+        PrfCut::new(&crate::format::keys::table(&[seed; 32]), &key)
     }
 
     #[test]
