@@ -4,8 +4,9 @@
 # control plane's Kubernetes version, built from the same wrapper module as kube-apiserver so
 # Go's build cache shares every common package), containerd v2 and runc, the CNI bridge,
 # host-local and loopback plugins, the CSI external-provisioner, csi-snapshotter and
-# snapshot-controller (Go module proxy), the CSI hostpath driver and node-driver-registrar
-# (built offline from their release sources in ../shared/third-party/, which the proxy refuses),
+# snapshot-controller (Go module proxy), the CSI hostpath driver, node-driver-registrar and the
+# csi-snapshot-metadata sidecar with its CRD (built offline from their release sources in
+# ../shared/third-party/, which the proxy refuses),
 # and two one-layer OCI images (a pause image and a busybox image for test pods).
 # Prints the directory holding the binaries (images in its sibling `images/`).
 #
@@ -28,13 +29,17 @@ provisioner_version=v6.3.0
 snapshotter_version=v8.6.0
 hostpath_version=v1.18.0
 registrar_version=v2.17.0
+snapshot_metadata_version=v1.1.0
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 third_party="${FERRY_THIRD_PARTY:-$root/../shared/third-party}"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/ferry/realnode"
 bin="$cache/bin"
 images="$cache/images"
-mkdir -p "$bin" "$images"
+manifests="$cache/manifests"
+mkdir -p "$bin" "$images" "$manifests"
+# The SnapshotMetadataService CRD, taken from the sidecar's release.
+crd_file=cbt.storage.k8s.io_snapshotmetadataservices.yaml
 
 # have NAME VERSION: NAME was built at VERSION already.
 have() { [[ -x "$bin/$1" && "$(cat "$bin/.$1.version" 2>/dev/null)" == "$2" ]]; }
@@ -53,10 +58,11 @@ need=(containerd:$containerd_version ctr:$containerd_version containerd-shim-run
   kubelet:$k8s_version kube-controller-manager:$k8s_version kube-scheduler:$k8s_version
   csi-provisioner:$provisioner_version csi-snapshotter:$snapshotter_version
   snapshot-controller:$snapshotter_version hostpathplugin:$hostpath_version
-  csi-node-driver-registrar:$registrar_version)
+  csi-node-driver-registrar:$registrar_version csi-snapshot-metadata:$snapshot_metadata_version)
 ready=1
 for b in "${need[@]}"; do have "${b%%:*}" "${b#*:}" || ready=""; done
 [[ -f "$images/pause.tar" && -f "$images/busybox.tar" && "$(cat "$images/.version" 2>/dev/null)" == 2 ]] || ready=""
+[[ -f "$manifests/$crd_file" && ! -L "$manifests/$crd_file" && "$(cat "$manifests/.version" 2>/dev/null)" == "$snapshot_metadata_version" ]] || ready=""
 if [[ -n "$ready" ]]; then
   echo "$bin"
   exit 0
@@ -266,6 +272,17 @@ build_cni
 build_containerd
 vendored hostpathplugin $hostpath_version "$third_party/csi-driver-host-path-$hostpath_version.tar.gz" ./cmd/hostpathplugin
 vendored csi-node-driver-registrar $registrar_version "$third_party/node-driver-registrar-$registrar_version.tar.gz" ./cmd/csi-node-driver-registrar
+snapshot_metadata_archive="$third_party/external-snapshot-metadata-$snapshot_metadata_version.tar.gz"
+vendored csi-snapshot-metadata $snapshot_metadata_version "$snapshot_metadata_archive" ./cmd/csi-snapshot-metadata
+if [[ ! -f "$manifests/$crd_file" || -L "$manifests/$crd_file" || "$(cat "$manifests/.version" 2>/dev/null)" != "$snapshot_metadata_version" ]]; then
+  # (deploy/ holds a symbolic link to this file.)
+  rm -f "$manifests/$crd_file"
+  tar -xzOf "$snapshot_metadata_archive" \
+    "external-snapshot-metadata-$snapshot_metadata_version/client/config/crd/$crd_file" \
+    > "$manifests/$crd_file.tmp"
+  mv "$manifests/$crd_file.tmp" "$manifests/$crd_file"
+  echo "$snapshot_metadata_version" > "$manifests/.version"
+fi
 build_k8s
 build_sidecars
 log "node components ready in $bin ($((SECONDS - start)) s)"

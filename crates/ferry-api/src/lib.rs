@@ -10,6 +10,8 @@
 //!   (`velero.io/v1`): the parts of Velero's objects that Ferry reads.
 //! - [`VolumeSnapshot`], [`VolumeSnapshotContent`], [`VolumeSnapshotClass`]
 //!   (`snapshot.storage.k8s.io/v1`).
+//! - [`SnapshotMetadataService`] (`cbt.storage.k8s.io/v1beta1`): where a CSI driver's
+//!   changed-block tracking service listens.
 //! - [`keys`]: every label, annotation and finalizer key of the contract.
 //! - [`naming`]: Velero's label-value rule and operation-ID formats.
 //! - [`GoDuration`]: Go's `time.Duration` text form (`10m0s`), used by `operationTimeout`.
@@ -23,6 +25,7 @@ pub mod node_agent_config;
 mod phase;
 mod progress;
 mod snapshot;
+mod snapshot_metadata;
 mod velero_v1;
 
 pub use data_download::{DataDownload, DataDownloadSpec, DataDownloadStatus, TargetVolumeSpec};
@@ -37,6 +40,7 @@ pub use snapshot::{
     VolumeSnapshotContentSpec, VolumeSnapshotContentStatus, VolumeSnapshotError, VolumeSnapshotRef,
     VolumeSnapshotSource, VolumeSnapshotSpec, VolumeSnapshotStatus,
 };
+pub use snapshot_metadata::{SnapshotMetadataService, SnapshotMetadataServiceSpec};
 pub use velero_v1::{
     Backup, BackupSpec, BackupStatus, BackupStorageLocation, BackupStorageLocationSpec,
     BackupStorageLocationStatus, CredentialRef, DeleteBackupRequest, DeleteBackupRequestSpec,

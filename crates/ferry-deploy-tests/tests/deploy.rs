@@ -401,11 +401,33 @@ const EXPECTED_ACCESS: &[(&str, &str, &str, &str, bool)] = &[
     ("get", "", "configmaps", "workload", false),
     ("create", "", "events", "velero", false),
     ("create", "rbac.authorization.k8s.io", "rolebindings", "velero", false),
+    ("get", "cbt.storage.k8s.io", "snapshotmetadataservices", "", true),
+    ("list", "cbt.storage.k8s.io", "snapshotmetadataservices", "", false),
+    ("update", "cbt.storage.k8s.io", "snapshotmetadataservices", "", false),
+];
+
+/// (verb, resource, subresource, object name, namespace, allowed?): access to one object's
+/// subresource.
+const EXPECTED_NAMED_ACCESS: &[(&str, &str, &str, &str, &str, bool)] = &[
+    ("create", "serviceaccounts", "token", "ferry-agent", "velero", true),
+    ("create", "serviceaccounts", "token", "velero", "velero", false),
+    ("create", "serviceaccounts", "token", "default", "velero", false),
+    ("create", "serviceaccounts", "token", "ferry-agent", "workload", false),
+    ("get", "serviceaccounts", "", "ferry-agent", "velero", false),
 ];
 
 async fn allowed(
     reviews: &Api<SubjectAccessReview>,
     (verb, group, resource, namespace): (&str, &str, &str, &str),
+) -> anyhow::Result<bool> {
+    allowed_on(reviews, (verb, group, resource, namespace), ("", "")).await
+}
+
+/// As [`allowed`], for one object (`name`) and a subresource of it (`""`: the object).
+async fn allowed_on(
+    reviews: &Api<SubjectAccessReview>,
+    (verb, group, resource, namespace): (&str, &str, &str, &str),
+    (subresource, name): (&str, &str),
 ) -> anyhow::Result<bool> {
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
@@ -420,6 +442,8 @@ async fn allowed(
                 group: Some(group.to_owned()),
                 resource: Some(resource.to_owned()),
                 namespace: (!namespace.is_empty()).then(|| namespace.to_owned()),
+                subresource: (!subresource.is_empty()).then(|| subresource.to_owned()),
+                name: (!name.is_empty()).then(|| name.to_owned()),
                 ..ResourceAttributes::default()
             }),
             ..SubjectAccessReviewSpec::default()
@@ -455,6 +479,13 @@ async fn the_agent_may_do_exactly_what_it_does() -> anyhow::Result<()> {
         let got = allowed(&reviews, (verb, group, resource, namespace)).await?;
         if got != expected {
             wrong.push(format!("{verb} {group}/{resource} in {namespace:?}: {got}"));
+        }
+    }
+    for &(verb, resource, subresource, name, namespace, expected) in EXPECTED_NAMED_ACCESS {
+        let got =
+            allowed_on(&reviews, (verb, "", resource, namespace), (subresource, name)).await?;
+        if got != expected {
+            wrong.push(format!("{verb} {resource}/{subresource} {name} in {namespace:?}: {got}"));
         }
     }
     assert!(wrong.is_empty(), "unexpected access:\n{}", wrong.join("\n"));

@@ -16,6 +16,8 @@
 //! - [`v2`]: the asynchronous version 2 `BackupItemAction` and `RestoreItemAction`, and
 //!   Ferry's `VolumeSnapshotter` version 2 (the version 1 calls plus `Progress` and `Cancel`).
 //! - [`plugin`]: go-plugin's `GRPCController`, `GRPCStdio` and `GRPCBroker`.
+//! - [`snapshotmetadata`]: Kubernetes' `SnapshotMetadata` service (KEP-3314, changed-block
+//!   tracking), as the csi-snapshot-metadata sidecar serves it.
 //!
 //! Each service `Foo` comes with a `foo_client::FooClient` and a `foo_server::FooServer`
 //! wrapping an implementation of the `foo_server::Foo` trait. The gRPC health service that
@@ -37,4 +39,10 @@ pub mod v2 {
 #[allow(missing_docs, clippy::all, clippy::pedantic, clippy::nursery)]
 pub mod plugin {
     include!("gen/plugin.rs");
+}
+
+/// Kubernetes' package `snapshotmetadata`: the CSI SnapshotMetadata service (changed blocks).
+#[allow(missing_docs, clippy::all, clippy::pedantic, clippy::nursery)]
+pub mod snapshotmetadata {
+    include!("gen/snapshotmetadata.rs");
 }

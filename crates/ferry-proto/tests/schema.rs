@@ -2,8 +2,9 @@
 //! gRPC method path of the `.proto` files under `proto/`, in a canonical sorted listing.
 //!
 //! The expected listing below was checked against the protocol files Velero and go-plugin ship
-//! (Velero's `pkg/plugin/proto/` and go-plugin's `internal/plugin/`). Renumbering, retyping or
-//! renaming anything that reaches the wire makes this test fail.
+//! (Velero's `pkg/plugin/proto/` and go-plugin's `internal/plugin/`); the `snapshotmetadata`
+//! part is also compared, on every run, with external-snapshot-metadata's own `schema.proto`.
+//! Renumbering, retyping or renaming anything that reaches the wire makes this test fail.
 
 use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{DescriptorProto, EnumDescriptorProto, FieldDescriptorProto};
@@ -201,6 +202,28 @@ message .plugin.StdioData 2 = bytes data
 enum .plugin.StdioData.Channel INVALID = 0
 enum .plugin.StdioData.Channel STDOUT = 1
 enum .plugin.StdioData.Channel STDERR = 2
+message .snapshotmetadata.BlockMetadata 1 = int64 byte_offset
+message .snapshotmetadata.BlockMetadata 2 = int64 size_bytes
+enum .snapshotmetadata.BlockMetadataType UNKNOWN = 0
+enum .snapshotmetadata.BlockMetadataType FIXED_LENGTH = 1
+enum .snapshotmetadata.BlockMetadataType VARIABLE_LENGTH = 2
+message .snapshotmetadata.GetMetadataAllocatedRequest 1 = string security_token
+message .snapshotmetadata.GetMetadataAllocatedRequest 2 = string namespace
+message .snapshotmetadata.GetMetadataAllocatedRequest 3 = string snapshot_name
+message .snapshotmetadata.GetMetadataAllocatedRequest 4 = int64 starting_offset
+message .snapshotmetadata.GetMetadataAllocatedRequest 5 = int32 max_results
+message .snapshotmetadata.GetMetadataAllocatedResponse 1 = .snapshotmetadata.BlockMetadataType block_metadata_type
+message .snapshotmetadata.GetMetadataAllocatedResponse 2 = int64 volume_capacity_bytes
+message .snapshotmetadata.GetMetadataAllocatedResponse 3 = repeated .snapshotmetadata.BlockMetadata block_metadata
+message .snapshotmetadata.GetMetadataDeltaRequest 1 = string security_token
+message .snapshotmetadata.GetMetadataDeltaRequest 2 = string namespace
+message .snapshotmetadata.GetMetadataDeltaRequest 3 = string base_snapshot_id
+message .snapshotmetadata.GetMetadataDeltaRequest 4 = string target_snapshot_name
+message .snapshotmetadata.GetMetadataDeltaRequest 5 = int64 starting_offset
+message .snapshotmetadata.GetMetadataDeltaRequest 6 = int32 max_results
+message .snapshotmetadata.GetMetadataDeltaResponse 1 = .snapshotmetadata.BlockMetadataType block_metadata_type
+message .snapshotmetadata.GetMetadataDeltaResponse 2 = int64 volume_capacity_bytes
+message .snapshotmetadata.GetMetadataDeltaResponse 3 = repeated .snapshotmetadata.BlockMetadata block_metadata
 message .v2.BackupItemActionAppliesToRequest 1 = string plugin
 message .v2.BackupItemActionAppliesToResponse 1 = .generated.ResourceSelector ResourceSelector
 message .v2.BackupItemActionCancelRequest 1 = string plugin
@@ -293,6 +316,8 @@ rpc /generated.VolumeSnapshotter/SetVolumeID(.generated.SetVolumeIDRequest) retu
 rpc /plugin.GRPCBroker/StartStream(stream .plugin.ConnInfo) returns (stream .plugin.ConnInfo)
 rpc /plugin.GRPCController/Shutdown(.plugin.Empty) returns (.plugin.Empty)
 rpc /plugin.GRPCStdio/StreamStdio(.google.protobuf.Empty) returns (stream .plugin.StdioData)
+rpc /snapshotmetadata.SnapshotMetadata/GetMetadataAllocated(.snapshotmetadata.GetMetadataAllocatedRequest) returns (stream .snapshotmetadata.GetMetadataAllocatedResponse)
+rpc /snapshotmetadata.SnapshotMetadata/GetMetadataDelta(.snapshotmetadata.GetMetadataDeltaRequest) returns (stream .snapshotmetadata.GetMetadataDeltaResponse)
 rpc /v2.BackupItemAction/AppliesTo(.v2.BackupItemActionAppliesToRequest) returns (.v2.BackupItemActionAppliesToResponse)
 rpc /v2.BackupItemAction/Cancel(.v2.BackupItemActionCancelRequest) returns (.google.protobuf.Empty)
 rpc /v2.BackupItemAction/Execute(.v2.ExecuteRequest) returns (.v2.ExecuteResponse)
@@ -327,5 +352,46 @@ fn protocol_matches_the_written_contract() -> Result<(), BoxError> {
             unexpected.join("\n  ")
         );
     }
+    Ok(())
+}
+
+/// The lines of a listing that belong to the package `snapshotmetadata`.
+fn snapshot_metadata_lines(listing: &str) -> Vec<&str> {
+    listing
+        .lines()
+        .filter(|l| l.contains(" .snapshotmetadata.") || l.contains("/snapshotmetadata."))
+        .collect()
+}
+
+/// Ferry's `proto/snapshotmetadata/schema.proto` has the wire contract of the one
+/// external-snapshot-metadata v1.1.0 ships (read from its release archive in the third-party
+/// folder beside the workspace, `FERRY_THIRD_PARTY` to override).
+#[test]
+fn snapshot_metadata_matches_the_sidecars_release() -> Result<(), BoxError> {
+    const RELEASE: &str = "external-snapshot-metadata-v1.1.0";
+    let third_party = std::env::var_os("FERRY_THIRD_PARTY").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/third-party"),
+        Into::into,
+    );
+    let archive = third_party.join(format!("{RELEASE}.tar.gz"));
+    assert!(
+        archive.is_file(),
+        "{} is missing: the release's schema.proto is the reference (see ../shared/third-party/README.md)",
+        archive.display()
+    );
+    let scratch = tempfile::tempdir()?;
+    let out = std::process::Command::new("tar")
+        .arg("-xzf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(scratch.path())
+        .arg(format!("{RELEASE}/proto/schema.proto"))
+        .output()?;
+    assert!(out.status.success(), "tar: {}", String::from_utf8_lossy(&out.stderr));
+    let theirs = render(&scratch.path().join(RELEASE).join("proto"))?;
+    let ours = render(&proto_root())?;
+    let (theirs, ours) = (snapshot_metadata_lines(&theirs), snapshot_metadata_lines(&ours));
+    assert!(theirs.len() > 20, "the release's listing is too short:\n{}", theirs.join("\n"));
+    assert_eq!(ours, theirs, "proto/snapshotmetadata differs from {RELEASE}'s schema.proto");
     Ok(())
 }

@@ -66,7 +66,7 @@ pub use restore::{
     Fidelity, MAX_DEPTH, RestoreOptions, RestoreSummary, Withheld, restore, restore_at,
 };
 pub use volume::{
-    DEFAULT_VOLUME_CHUNK, DEFAULT_VOLUME_LEVEL, MAX_VOLUME_CHUNK, VolumeBackupOptions,
+    DEFAULT_VOLUME_CHUNK, DEFAULT_VOLUME_LEVEL, MAX_VOLUME_CHUNK, ReadPlan, VolumeBackupOptions,
     VolumeBackupSummary, VolumeMap, VolumeRestoreOptions, VolumeRestoreSummary, backup_volume,
     backup_volume_at, restore_volume, restore_volume_at,
 };

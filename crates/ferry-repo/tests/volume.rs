@@ -1,6 +1,7 @@
 //! Volume snapshots on real loop devices holding ext4 file systems: bit-for-bit round trips
 //! (device bytes, and the files seen through a read-only mount), incrementals, cross-volume
-//! dedup, a too-small target, sparse images, kind mismatches, check, cancellation.
+//! dedup, a too-small target, sparse images, kind mismatches, check, cancellation; backups
+//! that read only the ranges changed-block tracking names.
 //!
 //! Needs root, `losetup`, `mkfs.ext4` and `mount`. Every loop device and mount is released by a
 //! guard's `Drop`, so nothing is left behind when an assertion fails.
@@ -15,9 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::{TestResult, fs_repo, noise};
 use ferry_repo::{
-    BackupOptions, CheckOptions, Progress, RepoError, Repository, RestoreOptions, SnapshotKind,
-    VolumeBackupOptions, VolumeRestoreOptions, backup_tree, backup_volume, check, restore,
-    restore_volume,
+    BackupOptions, CheckOptions, Progress, ReadPlan, RepoError, Repository, RestoreOptions,
+    SnapshotKind, VolumeBackupOptions, VolumeRestoreOptions, backup_tree, backup_volume, check,
+    restore, restore_volume,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -409,5 +410,75 @@ async fn cancellation_stops_backup_and_restore() -> TestResult {
     )
     .await;
     assert!(matches!(r, Err(RepoError::Cancelled)), "{r:?}");
+    Ok(())
+}
+
+/// A backup told the allocated ranges reads only them; one told the ranges changed since its
+/// parent reads only the chunks they touch and takes the rest from the parent unread; both
+/// restore the whole volume bit for bit. A plan that does not fit its parent is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_ranges_are_all_a_backup_reads_and_the_restore_is_whole() -> TestResult {
+    const CHUNK: u64 = 256 << 10;
+    let cancel = CancellationToken::new();
+    let tmp = tempfile::tempdir()?;
+    let repo = repo_in(tmp.path()).await;
+    let image = tmp.path().join("volume.img");
+    let f = std::fs::File::create(&image)?;
+    f.set_len(64 * MIB)?;
+    f.write_all_at(&noise(8 << 20, 1), 4 * MIB)?;
+    f.write_all_at(&noise(1 << 20, 2), 40 * MIB)?;
+    f.sync_all()?;
+    let allocated = vec![(4 * MIB, 8 * MIB), (40 * MIB, MIB)];
+    let options = VolumeBackupOptions {
+        read_plan: ReadPlan::Only(allocated),
+        ..VolumeBackupOptions::default()
+    };
+    let first = backup_volume(&repo, &image, &options, None, &cancel).await?;
+    assert_eq!((first.bytes_read, first.bytes_data), (9 * MIB, 9 * MIB), "{first:?}");
+
+    // Inside the first write, in a gap, and zeros over part of the second write.
+    f.write_all_at(&noise(4096, 3), 5 * MIB + 100)?;
+    f.write_all_at(&noise(10_000, 4), 30 * MIB)?;
+    f.write_all_at(&[0u8; 4096], 40 * MIB)?;
+    f.sync_all()?;
+    let changed = vec![(5 * MIB + 100, 4096), (30 * MIB, 10_000), (40 * MIB, 4096)];
+    let options = VolumeBackupOptions {
+        parent: Some(first.snapshot_id),
+        read_plan: ReadPlan::ChangedSinceParent(changed.clone()),
+        ..VolumeBackupOptions::default()
+    };
+    let second = backup_volume(&repo, &image, &options, None, &cancel).await?;
+    assert_eq!(second.bytes_read, 3 * CHUNK, "three chunks changed: {second:?}");
+    assert_eq!(second.bytes_from_parent, 9 * MIB - 2 * CHUNK, "{second:?}");
+    assert_eq!(second.bytes_data, 9 * MIB + CHUNK, "{second:?}");
+    let out = tmp.path().join("restored.img");
+    restore_volume(
+        &repo,
+        &second.snapshot_id,
+        &out,
+        &VolumeRestoreOptions::default(),
+        None,
+        &cancel,
+    )
+    .await?;
+    assert!(std::fs::read(&image)? == std::fs::read(&out)?, "the restored volume differs");
+
+    // A parent of another size cannot lend its chunks: refused, nothing saved.
+    f.set_len(65 * MIB)?;
+    let before = repo.snapshots(&cancel).await?.len();
+    let err = backup_volume(&repo, &image, &options, None, &cancel)
+        .await
+        .expect_err("a resized volume took its parent's chunks");
+    assert!(
+        matches!(&err, RepoError::InvalidInput { reason, .. } if reason.contains("resized")),
+        "{err}"
+    );
+    assert_eq!(repo.snapshots(&cancel).await?.len(), before);
+    // Without a parent, changed ranges mean nothing.
+    let orphan = VolumeBackupOptions { parent: None, ..options };
+    let err = backup_volume(&repo, &image, &orphan, None, &cancel)
+        .await
+        .expect_err("changed ranges without a parent were taken");
+    assert!(matches!(err, RepoError::InvalidInput { .. }), "{err}");
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! Installs the shared fixtures' CRDs and waits until they are served.
+//! Installs CRDs (the shared fixtures', or any) and waits until they are served.
 
 use std::time::{Duration, Instant};
 
@@ -40,15 +40,25 @@ pub fn fixture_crds() -> anyhow::Result<Vec<CustomResourceDefinition>> {
 /// # Errors
 /// The API server refused a CRD or one did not become Established in time.
 pub async fn install_all(client: &kube::Client) -> anyhow::Result<()> {
+    install(client, &fixture_crds()?).await
+}
+
+/// Creates `crds` and waits until each is Established.
+///
+/// # Errors
+/// The API server refused a CRD or one did not become Established in time.
+pub async fn install(
+    client: &kube::Client,
+    crds: &[CustomResourceDefinition],
+) -> anyhow::Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crds = fixture_crds()?;
-    for crd in &crds {
+    for crd in crds {
         api.create(&PostParams::default(), crd).await.with_context(|| {
             format!("creating CRD {}", crd.metadata.name.as_deref().unwrap_or("?"))
         })?;
     }
     let deadline = Instant::now() + ESTABLISH_TIMEOUT;
-    for crd in &crds {
+    for crd in crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
         loop {
             let current = api.get(&name).await?;

@@ -165,6 +165,17 @@ impl NodeNamespaces {
         Ok(())
     }
 
+    /// Runs `cmd` to its end inside the namespaces (standard input empty) and returns its
+    /// status and output, whatever the status.
+    ///
+    /// # Errors
+    /// The program could not be started.
+    pub fn output(&self, mut cmd: Command) -> anyhow::Result<std::process::Output> {
+        cmd.stdin(Stdio::null());
+        self.enter(&mut cmd)?;
+        cmd.output().with_context(|| format!("running {cmd:?} in the node's namespaces"))
+    }
+
     /// Runs `script` with `sh -e` inside the namespaces and waits for it.
     ///
     /// # Errors

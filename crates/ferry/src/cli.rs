@@ -52,6 +52,12 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::pvc::VolumeCommand,
     },
+    /// Ask a CSI driver's SnapshotMetadata service (changed-block tracking) which ranges of a
+    /// VolumeSnapshot hold data or changed since a base snapshot.
+    Cbt {
+        #[command(subcommand)]
+        command: crate::cbt_cmd::CbtCommand,
+    },
     /// Run the node agent: process DataUploads and DataDownloads on this node.
     Agent(Box<crate::agent_cmd::AgentArgs>),
     /// Wait until stopped (the command of the pods that hold exposed volumes).

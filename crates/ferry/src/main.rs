@@ -3,6 +3,7 @@
 //! Exit status 0 on success; on failure a one-line cause on stderr and a non-zero status.
 
 mod agent_cmd;
+mod cbt_cmd;
 mod cli;
 mod forget_policy;
 mod gc_cmds;
@@ -100,6 +101,7 @@ async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()>
         Command::Plugin { args } => plugin_cmd::run(args).await,
         Command::Forget(args) => gc_cmds::forget(&args, cancel).await,
         Command::Gc(args) => gc_cmds::gc(&args, cancel).await,
+        Command::Cbt { command } => cbt_cmd::run(&command, cancel).await,
     }
 }
 

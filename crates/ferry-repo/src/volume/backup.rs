@@ -31,7 +31,7 @@ use crate::progress::{Counters, ProgressFn, Ticker};
 use crate::repo::writer::{LocalPacker, PackSink, Uploader, WriteStats, upload_cause};
 use crate::repo::{MemIndex, Repository, hostname};
 use crate::volume::device::{Volume, is_zero};
-use crate::volume::{VolumeBackupOptions, VolumeBackupSummary};
+use crate::volume::{ReadPlan, VolumeBackupOptions, VolumeBackupSummary, VolumeMap};
 
 /// Chunks handed to a reader at a time.
 const SEGMENT_CHUNKS: u64 = 64;
@@ -59,6 +59,11 @@ struct Shared {
     prefetch_len: u64,
     /// The chunk id at each chunk index (`None`: unallocated or all zeros).
     slots: Mutex<Vec<Option<BlobId>>>,
+    /// Which chunks are read ([`crate::ReadPlan`]); the others keep their starting slot.
+    plan: super::plan::Plan,
+    /// Whether a chunk left unread is a gap (the plan named the allocated ranges) rather than
+    /// the parent's chunk.
+    unread_is_gap: bool,
 }
 
 impl Shared {
@@ -161,6 +166,7 @@ async fn backup_volume_leased(
     let chunk_size = check_chunk_size(options.chunk_size)?;
     let meta = metadata(&volume.file);
     let index = repo.refresh_index(cancel).await?;
+    let mut parent_map = None;
     if let Some(id) = &options.parent {
         let parent = repo.load_snapshot(id, cancel).await?;
         let kind = parent.kind().map_err(|e| RepoError::corrupt(format!("snapshot {id}"), e))?;
@@ -170,11 +176,28 @@ async fn backup_volume_leased(
                 reason: format!("{id} is a {kind} snapshot, not a volume snapshot"),
             });
         }
+        if matches!(options.read_plan, ReadPlan::ChangedSinceParent(_)) {
+            let map = VolumeMap::from_snapshot(&parent)
+                .map_err(|e| RepoError::corrupt(format!("snapshot {id}"), e))?;
+            parent_map = Some(map);
+        }
+    }
+    let mut plan =
+        super::plan::plan(&options.read_plan, volume.size, chunk_size, parent_map.as_ref())
+            .map_err(|reason| RepoError::InvalidInput { what: "read plan", reason })?;
+    // A chunk taken from the parent unread must still be stored: the snapshot would otherwise
+    // name data the repository does not hold.
+    if let Some(missing) = plan.slots.iter().flatten().find(|id| !index.contains(id)) {
+        return Err(RepoError::InvalidInput {
+            what: "parent snapshot",
+            reason: format!(
+                "its chunk {missing} is not in the repository's index (run `ferry check`); back up without the parent's ranges"
+            ),
+        });
     }
     let stop = cancel.child_token();
     let (sink, uploader) =
         Uploader::start_leased(repo, Arc::clone(&index), Some(lease.clone()), &stop);
-    let slots = usize::try_from(volume.size.div_ceil(chunk_size)).unwrap_or(usize::MAX);
     let threads = super::threads(options.threads);
     let shared = Arc::new(Shared {
         repo: repo.clone(),
@@ -185,10 +208,14 @@ async fn backup_volume_leased(
         failure: Mutex::new(None),
         chunk_size,
         next_segment: AtomicU64::new(0),
-        lookahead: (threads as u64 * SEGMENT_CHUNKS * chunk_size <= READ_AHEAD_BUDGET)
+        // Reading ahead of the readers only pays when they read every chunk.
+        lookahead: (plan.read.is_none()
+            && threads as u64 * SEGMENT_CHUNKS * chunk_size <= READ_AHEAD_BUDGET)
             .then_some(threads as u64),
         prefetch_len: (READ_AHEAD_BUDGET / threads.max(1) as u64).min(SEGMENT_CHUNKS * chunk_size),
-        slots: Mutex::new(vec![None; slots]),
+        slots: Mutex::new(std::mem::take(&mut plan.slots)),
+        unread_is_gap: matches!(options.read_plan, ReadPlan::Only(_)),
+        plan,
         volume,
         path: path.to_path_buf(),
     });
@@ -263,6 +290,7 @@ async fn backup_volume_leased(
         size,
         bytes_data: data,
         bytes_read: shared.progress.bytes_read.load(Ordering::Relaxed),
+        bytes_from_parent: shared.plan.from_parent,
         bytes_skipped: size - data,
         bytes_new,
         bytes_stored,
@@ -348,7 +376,28 @@ fn read_segments(shared: &Shared, mut packer: LocalPacker) -> RepoResult<()> {
         let last = (first + SEGMENT_CHUNKS).min(shared.chunks());
         let (start, end) = (first * chunk, (last * chunk).min(size));
         let segment_bytes = SEGMENT_CHUNKS * chunk;
-        shared.volume.prefetch(start, (end - start).min(shared.prefetch_len));
+        if shared.plan.read.is_some() {
+            if !(first..last).any(|i| shared.plan.reads(i)) {
+                skip_unread(shared, end - start);
+                continue;
+            }
+            // Only the runs of chunks the plan reads, within the reader's read-ahead share.
+            let (mut i, mut budget) = (first, shared.prefetch_len);
+            while i < last && budget > 0 {
+                if shared.plan.reads(i) {
+                    let run = (i..last).take_while(|&j| shared.plan.reads(j)).count() as u64;
+                    let at = i * chunk;
+                    let len = (run * chunk).min(end - at).min(budget);
+                    shared.volume.prefetch(at, len);
+                    budget -= len;
+                    i += run;
+                } else {
+                    i += 1;
+                }
+            }
+        } else {
+            shared.volume.prefetch(start, (end - start).min(shared.prefetch_len));
+        }
         if let Some(ahead) = shared.lookahead {
             shared.volume.prefetch((segment + ahead) * segment_bytes, segment_bytes);
         }
@@ -363,6 +412,10 @@ fn read_segments(shared: &Shared, mut packer: LocalPacker) -> RepoResult<()> {
             }
             let offset = i * chunk;
             let len = chunk.min(size - offset);
+            if !shared.plan.reads(i) {
+                skip_unread(shared, len);
+                continue;
+            }
             let allocated = data
                 .as_ref()
                 .is_none_or(|d| d.iter().any(|&(s, e)| s < offset + len && e > offset));
@@ -399,6 +452,14 @@ fn read_segments(shared: &Shared, mut packer: LocalPacker) -> RepoResult<()> {
             }
         }
     }
+}
+
+/// Counts `len` bytes the plan leaves unread as done (and as skipped when they are gaps).
+fn skip_unread(shared: &Shared, len: u64) {
+    if shared.unread_is_gap {
+        shared.progress.bytes_skipped.fetch_add(len, Ordering::Relaxed);
+    }
+    shared.progress.bytes_done.fetch_add(len, Ordering::Relaxed);
 }
 
 fn read_exact_at(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {

@@ -9,12 +9,14 @@
 //! its previous snapshots and against other volumes holding the same data.
 //!
 //! Code map: `device.rs` (opening devices and images, sizes, SEEK_DATA, zeroing),
-//! `backup.rs` (parallel readers), `restore.rs` (parallel writers), `map.rs` (the checked
-//! layout of a volume snapshot).
+//! `backup.rs` (parallel readers), `plan.rs` (which chunks a [`ReadPlan`] reads, and which
+//! come from the parent), `restore.rs` (parallel writers), `map.rs` (the checked layout of a
+//! volume snapshot).
 
 mod backup;
 mod device;
 mod map;
+mod plan;
 mod restore;
 
 use std::time::Duration;
@@ -53,6 +55,28 @@ pub struct VolumeBackupOptions {
     /// Chunk size: a power of two from 4 KiB to 16 MiB. Keep it equal across backups of a
     /// volume (and across volumes that should deduplicate).
     pub chunk_size: u32,
+    /// Which parts of the volume to read (everything, unless the storage system said which
+    /// ranges matter).
+    pub read_plan: ReadPlan,
+}
+
+/// Which parts of a volume a backup reads. The ranges, `(offset, len)` in bytes, must be
+/// ascending, disjoint, non-empty and inside the volume; a chunk that any range touches is read
+/// whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ReadPlan {
+    /// Read every allocated byte (holes an image file reports and all-zero chunks are still
+    /// not stored).
+    #[default]
+    Everything,
+    /// Read only these ranges: the rest of the volume holds no data (a snapshot's allocated
+    /// ranges, from changed-block tracking).
+    Only(Vec<(u64, u64)>),
+    /// Read only these ranges and take every other chunk from the parent snapshot unread (the
+    /// ranges changed since the parent's snapshot, from changed-block tracking). The parent
+    /// must be a volume snapshot of the same size and chunk size whose chunks are all in the
+    /// repository.
+    ChangedSinceParent(Vec<(u64, u64)>),
 }
 
 impl Default for VolumeBackupOptions {
@@ -65,6 +89,7 @@ impl Default for VolumeBackupOptions {
             compression_level: DEFAULT_VOLUME_LEVEL,
             threads: 0,
             chunk_size: DEFAULT_VOLUME_CHUNK,
+            read_plan: ReadPlan::Everything,
         }
     }
 }
@@ -80,6 +105,9 @@ pub struct VolumeBackupSummary {
     pub bytes_data: u64,
     /// Bytes read from the volume (unallocated ranges of an image are not read).
     pub bytes_read: u64,
+    /// Bytes of chunks taken from the parent snapshot without reading them
+    /// ([`ReadPlan::ChangedSinceParent`]).
+    pub bytes_from_parent: u64,
     /// Bytes skipped as unallocated or all zeros (`size - bytes_data`).
     pub bytes_skipped: u64,
     /// Bytes of chunks new to the repository.

@@ -31,6 +31,7 @@ use crate::paths;
 use crate::process::{self, Guarded};
 
 mod node;
+pub mod snapshot_metadata;
 
 pub use node::KubeNode;
 
@@ -129,12 +130,14 @@ impl RealCluster {
     }
 
     async fn boot(&mut self, count: usize) -> anyhow::Result<()> {
+        let tls = snapshot_metadata::Tls::generate(self.dir.path())?;
         for i in 0..count {
-            let node = KubeNode::boot(&self.cp, &self.bin, &node_name(i)).await?;
+            let mut node = KubeNode::boot(&self.cp, &self.bin, &node_name(i)).await?;
+            node.start_snapshot_metadata(&tls)?;
             self.nodes.push(node);
         }
         self.start_controllers(count > 1)?;
-        self.install_cluster_objects().await?;
+        self.install_cluster_objects(&tls).await?;
         for node in &mut self.nodes {
             node.start_kubelet()?;
         }
@@ -219,8 +222,19 @@ impl RealCluster {
         Ok(())
     }
 
-    async fn install_cluster_objects(&self) -> anyhow::Result<()> {
+    async fn install_cluster_objects(&self, tls: &snapshot_metadata::Tls) -> anyhow::Result<()> {
         let client = self.cp.client()?;
+        crate::crds::install(&client, &[snapshot_metadata::crd()?]).await?;
+        // Discovery may lag the CRD's Established condition a little.
+        let service = serde_json::to_string(&tls.service_object())?;
+        let mut tries = 0;
+        while let Err(e) = crate::apply::apply_yaml(&client, &service).await {
+            tries += 1;
+            if tries >= 40 {
+                return Err(e.context("creating the SnapshotMetadataService"));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
         let objects = format!(
             "apiVersion: storage.k8s.io/v1
 kind: CSIDriver

@@ -301,6 +301,9 @@ state = "{root}/containerd/state"
                 format!("--drivername={DRIVER}"),
                 format!("--nodeid={name}"),
                 format!("--statedir={}", state.display()),
+                // Changed-block tracking: the driver's SnapshotMetadata service, which the
+                // csi-snapshot-metadata sidecar serves to clients.
+                "--enable-snapshot-metadata".into(),
                 "--v=3".into(),
             ],
             &[],
@@ -318,6 +321,16 @@ state = "{root}/containerd/state"
             &[],
             true,
         )
+    }
+
+    /// The `csi-snapshot-metadata` sidecar beside this node's driver, listening at
+    /// [`super::NODE_IP`]`:`[`super::snapshot_metadata::PORT`] in the node's network namespace.
+    pub(super) fn start_snapshot_metadata(
+        &mut self,
+        tls: &super::snapshot_metadata::Tls,
+    ) -> anyhow::Result<()> {
+        let args = tls.sidecar_args(&self.csi_socket(), &self.kubeconfig);
+        self.spawn("csi-snapshot-metadata", "csi-snapshot-metadata", &args, &[], true)
     }
 
     /// The provisioner and snapshotter of a node of several (`--node-deployment`): each node
@@ -450,6 +463,15 @@ fileCheckFrequency: 10s
     /// The spawn failed.
     pub fn spawn_inside(&self, name: &str, cmd: Command) -> anyhow::Result<Guarded> {
         self.ns().spawn(name, cmd)
+    }
+
+    /// Runs `cmd` to its end inside the node's namespaces (as [`Self::spawn_inside`]) and
+    /// returns its status and output.
+    ///
+    /// # Errors
+    /// The program could not be started.
+    pub fn output_inside(&self, cmd: Command) -> anyhow::Result<std::process::Output> {
+        self.ns().output(cmd)
     }
 
     /// A kubeconfig for programs inside the node: the API server at the `kubernetes` Service,

@@ -36,6 +36,8 @@ pub struct World {
     pub agent_args: Vec<String>,
     /// A second namespace the simulator serves (when [`Setup::second_namespace`]).
     pub ns2: Option<String>,
+    /// The agents' `FERRY_LOG`.
+    pub log_filter: String,
 }
 
 /// What a test changes in its world.
@@ -48,6 +50,8 @@ pub struct Setup {
     pub node_agent_config: Option<serde_json::Value>,
     /// Whether the simulator also serves a second namespace (a restore target).
     pub second_namespace: bool,
+    /// The agents' log filter instead of the harness's (`info`, dependencies at `warn`).
+    pub log_filter: Option<&'static str>,
 }
 
 fn suffix() -> String {
@@ -125,6 +129,10 @@ impl World {
             logs: tempfile::tempdir()?,
             agent_args,
             ns2,
+            log_filter: setup
+                .log_filter
+                .unwrap_or("info,kube=warn,tower=warn,hyper=warn,aws=warn")
+                .to_owned(),
         };
         for node in world.sim().nodes() {
             world.start_agent(&node)?;
@@ -157,7 +165,7 @@ impl World {
             .args(["--cache-size-mib", "64"])
             .args(&self.agent_args)
             .env("KUBECONFIG", ControlPlane::shared().kubeconfig())
-            .env("FERRY_LOG", "info,kube=warn,tower=warn,hyper=warn,aws=warn")
+            .env("FERRY_LOG", &self.log_filter)
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -13,6 +13,7 @@ mod plugin_host;
 mod pvc_cli;
 mod recovery;
 mod restore_targets;
+mod secrets;
 #[path = "../support/spans.rs"]
 mod spans;
 mod upload_edges;

@@ -7,6 +7,7 @@
 //! The cluster is started once for this test binary (`RealCluster::shared`); if it cannot
 //! start, every test fails with the reason.
 
+mod cbt;
 mod holder;
 mod lifecycle;
 mod node;

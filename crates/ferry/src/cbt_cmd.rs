@@ -1,0 +1,172 @@
+//! `ferry cbt`: asks a CSI driver's SnapshotMetadata service (changed-block tracking) about a
+//! VolumeSnapshot, as the agent does for block backups: which ranges hold data, or which
+//! changed since a base snapshot. For operators checking that a driver's service works, and
+//! what Ferry would read.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use ferry_api::{VolumeSnapshot, VolumeSnapshotContent};
+use ferry_cbt::{BlockMap, Connection, Query, Retry, Service, ServiceAccount, Tokens};
+use kube::Api;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Subcommand)]
+pub enum CbtCommand {
+    /// The ranges of a VolumeSnapshot that hold data.
+    Allocated(CbtArgs),
+    /// The ranges of a VolumeSnapshot that changed since a base snapshot of the same volume.
+    Delta {
+        #[command(flatten)]
+        args: CbtArgs,
+        /// The base: a VolumeSnapshot in the same namespace (its content's snapshot handle is
+        /// sent).
+        #[arg(long, required_unless_present = "base_handle", conflicts_with = "base_handle")]
+        base: Option<String>,
+        /// The base by its CSI snapshot handle (the base VolumeSnapshot may be gone).
+        #[arg(long, value_name = "HANDLE")]
+        base_handle: Option<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct CbtArgs {
+    /// The VolumeSnapshot (ready to use).
+    snapshot: String,
+    /// Its namespace.
+    #[arg(short, long, default_value = "default")]
+    namespace: String,
+    /// The service account whose token is presented, `NAMESPACE/NAME`: the service lets it
+    /// read the snapshot's metadata if it may `get` the VolumeSnapshot; the caller needs
+    /// `create` on that account's `serviceaccounts/token`.
+    #[arg(
+        long,
+        env = "FERRY_SERVICE_ACCOUNT",
+        value_name = "NAMESPACE/NAME",
+        required_unless_present = "token_file"
+    )]
+    service_account: Option<String>,
+    /// A file holding a token already scoped to the service's audience, sent as it is.
+    #[arg(long, value_name = "PATH", conflicts_with = "service_account")]
+    token_file: Option<PathBuf>,
+    /// Ranges per response asked of the service (0: the service chooses).
+    #[arg(long, default_value_t = 0)]
+    max_results: i32,
+    /// Print one JSON object with every range.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(command: &CbtCommand, cancel: &CancellationToken) -> anyhow::Result<()> {
+    let client = crate::pvc::connect().await?;
+    let (args, base) = match command {
+        CbtCommand::Allocated(args) => (args, None),
+        CbtCommand::Delta { args, base, base_handle } => {
+            let handle = match (base, base_handle) {
+                (_, Some(handle)) => handle.clone(),
+                (Some(base), None) => snapshot_content(&client, &args.namespace, base)
+                    .await?
+                    .status
+                    .and_then(|s| s.snapshot_handle)
+                    .with_context(|| {
+                        format!(
+                            "the content of base snapshot {}/{base} has no snapshot handle yet",
+                            args.namespace
+                        )
+                    })?,
+                (None, None) => anyhow::bail!("a delta needs --base or --base-handle"),
+            };
+            (args, Some(handle))
+        }
+    };
+    let content = snapshot_content(&client, &args.namespace, &args.snapshot).await?;
+    let driver = content.spec.driver;
+    let service = Service::discover(client.clone(), &driver).await?;
+    let tokens = match (&args.token_file, &args.service_account) {
+        (Some(path), _) => {
+            let token = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the token file {}", path.display()))?;
+            Tokens::fixed(token.trim().to_owned(), &service.audience)
+        }
+        (None, Some(account)) => {
+            let account = ServiceAccount::parse(account).map_err(anyhow::Error::msg)?;
+            Tokens::new(client.clone(), account, &service.audience)
+        }
+        (None, None) => anyhow::bail!("give --service-account or --token-file"),
+    };
+    let channel = service.connect().await?;
+    let retry = Retry { max_results: args.max_results, ..Retry::default() };
+    let connection = Connection::new(channel, tokens, retry);
+    let query = match base {
+        None => {
+            Query::Allocated { namespace: args.namespace.clone(), snapshot: args.snapshot.clone() }
+        }
+        Some(base_handle) => Query::Delta {
+            namespace: args.namespace.clone(),
+            base_handle,
+            target: args.snapshot.clone(),
+        },
+    };
+    let map = connection.query(&query, cancel).await?;
+    print(args, &driver, &query, &map)
+}
+
+/// The VolumeSnapshot's bound content.
+async fn snapshot_content(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<VolumeSnapshotContent> {
+    let snapshots: Api<VolumeSnapshot> = Api::namespaced(client.clone(), namespace);
+    let snapshot = snapshots
+        .get(name)
+        .await
+        .with_context(|| format!("reading VolumeSnapshot {namespace}/{name}"))?;
+    let content_name =
+        snapshot.status.and_then(|s| s.bound_volume_snapshot_content_name).with_context(|| {
+            format!("VolumeSnapshot {namespace}/{name} is not bound to a content yet")
+        })?;
+    let contents: Api<VolumeSnapshotContent> = Api::all(client.clone());
+    contents.get(&content_name).await.with_context(|| {
+        format!("reading VolumeSnapshotContent {content_name} of {namespace}/{name}")
+    })
+}
+
+fn print(args: &CbtArgs, driver: &str, query: &Query, map: &BlockMap) -> anyhow::Result<()> {
+    let (call, base) = match query {
+        Query::Allocated { .. } => ("GetMetadataAllocated", None),
+        Query::Delta { base_handle, .. } => ("GetMetadataDelta", Some(base_handle.as_str())),
+    };
+    if args.json {
+        let ranges: Vec<_> = map
+            .ranges
+            .iter()
+            .map(|r| serde_json::json!({"offset": r.offset, "length": r.len}))
+            .collect();
+        let out = serde_json::json!({
+            "namespace": args.namespace,
+            "snapshot": args.snapshot,
+            "baseSnapshotHandle": base,
+            "driver": driver,
+            "call": call,
+            "capacityBytes": map.capacity,
+            "blockMetadataType": map.block_type.as_str(),
+            "bytes": map.bytes(),
+            "ranges": ranges,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "{}/{} ({driver}, {call}{}): {} ranges, {} of {} bytes ({} blocks)",
+            args.namespace,
+            args.snapshot,
+            base.map(|b| format!(" since {b}")).unwrap_or_default(),
+            map.ranges.len(),
+            map.bytes(),
+            map.capacity,
+            map.block_type.as_str()
+        );
+    }
+    Ok(())
+}
