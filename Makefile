@@ -4,13 +4,31 @@ CARGO ?= cargo
 export GOTOOLCHAIN := local
 export CGO_ENABLED := 0
 
-.PHONY: test demo fmt-check clippy control-plane realnode build fuzz
+.PHONY: test test-build tools demo fmt-check clippy control-plane realnode velero helm build fuzz
+
+# Clippy lints the workspace's crates inside the test build itself: clippy-driver wraps rustc
+# for them (as `cargo clippy` does), with warnings as errors. One compilation instead of a
+# check pass followed by a build; dependencies are built as usual.
+CLIPPY_DRIVER := $(shell rustc --print sysroot 2>/dev/null)/bin/clippy-driver
+LINTED := RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
 
 ## make test: formatting check, clippy with warnings as errors, every test, a short fuzz run.
-test: fmt-check clippy control-plane realnode
-	$(CARGO) test --workspace --locked --all-targets --no-fail-fast
-	scripts/check-leaks.sh
+## `make -j4 test` (what .ci/run runs) builds the Go tools and the Rust tests side by side; the
+## fuzz targets are built at low priority while the tests run.
+test: fmt-check tools test-build
+	@set -e; fuzz_log=$$(mktemp); nice -n 19 scripts/fuzz.sh --build-only >"$$fuzz_log" 2>&1 & fuzz=$$!; \
+	trap 'kill $$fuzz 2>/dev/null; rm -f "$$fuzz_log"' EXIT; \
+	$(LINTED) $(CARGO) test --workspace --locked --all-targets --no-fail-fast; \
+	scripts/check-leaks.sh; \
+	wait $$fuzz || { cat "$$fuzz_log" >&2; echo "fuzz: building the targets failed" >&2; exit 1; }; \
 	scripts/fuzz.sh 8
+
+## Compiles every test (clippy's lints included) without running them.
+test-build:
+	$(LINTED) $(CARGO) test --workspace --locked --all-targets --no-run
+
+## The tools the tests run, built from the Go module proxy once and cached under ~/.cache/ferry.
+tools: realnode velero helm
 
 ## Longer fuzzing: make fuzz FUZZ_SECONDS=600
 FUZZ_SECONDS ?= 120
@@ -29,6 +47,12 @@ control-plane:
 
 build:
 	$(CARGO) build --workspace --locked --release
+
+velero:
+	scripts/build-velero.sh >/dev/null
+
+helm:
+	deploy/build-helm.sh >/dev/null
 
 ## Builds (once, then cached under ~/.cache/ferry/realnode) a real node's parts: kubelet,
 ## containerd, runc, CNI plugins, the CSI hostpath driver and sidecars, the controllers.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every fuzz target of fuzz/ for a few seconds each (default 10; `scripts/fuzz.sh 300` for
-# a longer session). cargo-fuzz needs nightly-only compiler flags; RUSTC_BOOTSTRAP=1 lets the
+# a longer session). `scripts/fuzz.sh --build-only` installs cargo-fuzz and builds the targets
+# without running them (`make test` does that at low priority while the tests run). cargo-fuzz needs nightly-only compiler flags; RUSTC_BOOTSTRAP=1 lets the
 # stable toolchain accept them, and `--sanitizer none` avoids needing a sanitizer runtime.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
@@ -9,6 +10,10 @@ command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --version 
 export RUSTC_BOOTSTRAP=1
 targets=$(cargo fuzz list)
 cargo fuzz build --sanitizer none
+if [[ $seconds == --build-only ]]; then
+  echo "fuzz: built $(wc -w <<<"$targets") targets"
+  exit 0
+fi
 for target in $targets; do
   mkdir -p "corpus/$target"
   echo "fuzz: $target for ${seconds}s"

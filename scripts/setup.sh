@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Ferry's build, tests and demo need on a fresh machine, from the package
 # registries only. Idempotent: a prepared machine passes through in a second.
+# `--packages-only` stops before the Go-built tools (`make tools` builds them; `make -j4 test`
+# builds them beside the Rust tests).
 set -euo pipefail
 log() { printf 'setup: %s\n' "$*" >&2; }
 
@@ -31,6 +33,10 @@ command -v go >/dev/null || { log "go is missing: install Go first"; exit 1; }
 installed=$(rustup component list --installed 2>/dev/null || true)
 [[ $installed == *clippy* && $installed == *rustfmt* ]] || rustup component add clippy rustfmt
 
+if [[ ${1:-} == --packages-only ]]; then
+  log "ready (packages only)"
+  exit 0
+fi
 log "building the test control plane (cached after the first run)"
 scripts/build-control-plane.sh >/dev/null
 log "building Velero and its AWS plugin for the real-Velero tests (cached after the first run)"

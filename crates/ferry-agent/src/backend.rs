@@ -131,6 +131,23 @@ pub struct ExposedVolume {
     pub mode: VolumeMode,
     /// The node's operating system, reported in a DataUpload's `status.nodeOS`.
     pub node_os: NodeOs,
+    /// The CSI snapshot the exposed volume was made from (backups only; `None` when the
+    /// exposer does not know it): what changed-block tracking is asked about.
+    pub snapshot: Option<CsiSnapshot>,
+}
+
+/// A CSI snapshot as the exposer made it readable: the VolumeSnapshot in the exposer's
+/// namespace and the storage system's handle of the physical snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsiSnapshot {
+    /// The VolumeSnapshot's namespace.
+    pub namespace: String,
+    /// The VolumeSnapshot.
+    pub name: String,
+    /// The CSI driver.
+    pub driver: String,
+    /// The physical snapshot's handle (`status.snapshotHandle` of its content).
+    pub handle: String,
 }
 
 impl ExposedVolume {
@@ -210,6 +227,23 @@ pub struct BackupOutcome {
     /// What the user should act on although the backup succeeded (a repository opened only
     /// with Velero's password, say): each becomes a Warning Event on the DataUpload.
     pub warnings: Vec<String>,
+    /// How a block backup chose what to read (`None` for file systems): in the Completed
+    /// Event, the DataUpload's message and a metric.
+    pub block_reads: Option<BlockReads>,
+}
+
+/// Which ranges of a block volume a backup read, and why not fewer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockReads {
+    /// The path taken: `allocated` (the snapshot's allocated ranges from changed-block
+    /// tracking), `delta` (the ranges changed since the parent's snapshot) or `full` (the
+    /// whole device, skipping holes and zeros itself).
+    pub path: &'static str,
+    /// Why changed-block tracking was not used, short (`no-service`, `unauthorized`,
+    /// `stream-failed`, `off`...): the metric's label. `None` when nothing fell back.
+    pub fallback: Option<&'static str>,
+    /// One sentence for the user: the path, what it read, and the fallback's full reason.
+    pub note: String,
 }
 
 /// What a restore produced.

@@ -44,8 +44,8 @@ mod update;
 
 pub use agent::Agent;
 pub use backend::{
-    Backends, BackupOutcome, DataMover, ExposeParams, ExposeStep, Exposed, ExposedVolume, Exposer,
-    RestoreOutcome, StepTimer, VolumeMode,
+    Backends, BackupOutcome, BlockReads, CsiSnapshot, DataMover, ExposeParams, ExposeStep, Exposed,
+    ExposedVolume, Exposer, RestoreOutcome, StepTimer, VolumeMode,
 };
 pub use config::AgentConfig;
 pub use error::{AgentError, BoxError, ReconcileError, WorkError, error_chain};

@@ -36,6 +36,13 @@ struct DurationLabels {
     outcome: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BlockReadLabels {
+    node: String,
+    path: String,
+    fallback: String,
+}
+
 /// A CR kind and an outcome.
 type OutcomeKey = (&'static str, Outcome);
 
@@ -48,6 +55,7 @@ pub struct Metrics {
     bytes: Family<KindLabels, Counter>,
     in_flight: Family<KindLabels, Gauge<i64, std::sync::atomic::AtomicI64>>,
     durations: Family<DurationLabels, Histogram>,
+    block_reads: Family<BlockReadLabels, Counter>,
 }
 
 fn kind_prefix(kind: &str) -> &'static str {
@@ -95,6 +103,13 @@ impl Metrics {
             "Time from the start of a data movement to its end",
             durations.clone(),
         );
+        let block_reads = Family::<BlockReadLabels, Counter>::default();
+        registry.register(
+            "block_backup_reads",
+            "Completed block backups by what they read (path: allocated, delta or full) and why \
+             changed-block tracking was not used (fallback; empty when it was)",
+            block_reads.clone(),
+        );
         // Every series exists from the start (at zero), so dashboards and alerts see them
         // before the first CR arrives.
         let node_labels = NodeLabels { node: node.to_owned() };
@@ -111,7 +126,15 @@ impl Metrics {
                 let _ = durations.get_or_create(&labels);
             }
         }
-        Arc::new(Self { node: node.to_owned(), registry, outcomes, bytes, in_flight, durations })
+        Arc::new(Self {
+            node: node.to_owned(),
+            registry,
+            outcomes,
+            bytes,
+            in_flight,
+            durations,
+            block_reads,
+        })
     }
 
     pub(crate) fn outcome(&self, kind: &str, outcome: Outcome) {
@@ -133,6 +156,17 @@ impl Metrics {
         self.durations
             .get_or_create(&DurationLabels { kind: kind_prefix(kind).into(), outcome: word.into() })
             .observe(took.as_secs_f64());
+    }
+
+    /// Counts one completed block backup that read by `path`, having fallen back for
+    /// `fallback`.
+    pub(crate) fn block_reads(&self, path: &str, fallback: Option<&str>) {
+        let labels = BlockReadLabels {
+            node: self.node.clone(),
+            path: path.to_owned(),
+            fallback: fallback.unwrap_or_default().to_owned(),
+        };
+        self.block_reads.get_or_create(&labels).inc();
     }
 
     /// Counts one running movement of `kind` until the guard drops.
@@ -197,5 +231,15 @@ mod tests {
             )
         );
         assert!(text.contains("ferry_data_movement_duration_seconds_count{kind=\"data_upload\",outcome=\"success\"} 1"), "{text}");
+        m.block_reads("full", Some("no-service"));
+        m.block_reads("allocated", None);
+        let text = m.encode();
+        assert!(text.contains("ferry_block_backup_reads_total{node=\"node-a\",path=\"full\",fallback=\"no-service\"} 1"), "{text}");
+        assert!(
+            text.contains(
+                "ferry_block_backup_reads_total{node=\"node-a\",path=\"allocated\",fallback=\"\"} 1"
+            ),
+            "{text}"
+        );
     }
 }

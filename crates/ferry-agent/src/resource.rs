@@ -167,6 +167,8 @@ pub(crate) trait MoverCr:
     fn describe_outcome(outcome: &Self::Outcome) -> String;
     /// The outcome's warnings, each published as a Warning Event: `(reason, note)`.
     fn outcome_warnings(outcome: &Self::Outcome) -> Vec<(&'static str, String)>;
+    /// Counts what the outcome says beyond success in the agent's metrics.
+    fn count_outcome(_outcome: &Self::Outcome, _metrics: &crate::metrics::Metrics) {}
 }
 
 macro_rules! shared_status {
@@ -254,6 +256,11 @@ impl MoverCr for DataUpload {
             (!outcome.data_mover_result.is_empty()).then(|| outcome.data_mover_result.clone());
         let total = to_i64(outcome.total_bytes);
         s.progress = DataMoveOperationProgress { total_bytes: total, bytes_done: total };
+        // A Completed DataUpload's message says how a block volume was read (Velero shows
+        // the message; it acts on it only for failures).
+        if let Some(reads) = &outcome.block_reads {
+            s.message.clone_from(&reads.note);
+        }
     }
 
     fn outcome_warnings(outcome: &BackupOutcome) -> Vec<(&'static str, String)> {
@@ -261,10 +268,20 @@ impl MoverCr for DataUpload {
     }
 
     fn describe_outcome(outcome: &BackupOutcome) -> String {
+        let reads = outcome.block_reads.as_ref().map(|r| format!("; {}", r.note));
         format!(
-            "backed up {} bytes ({} new) as snapshot {}",
-            outcome.total_bytes, outcome.incremental_bytes, outcome.snapshot_id
+            "backed up {} bytes ({} new) as snapshot {}{}",
+            outcome.total_bytes,
+            outcome.incremental_bytes,
+            outcome.snapshot_id,
+            reads.unwrap_or_default()
         )
+    }
+
+    fn count_outcome(outcome: &BackupOutcome, metrics: &crate::metrics::Metrics) {
+        if let Some(reads) = &outcome.block_reads {
+            metrics.block_reads(reads.path, reads.fallback);
+        }
     }
 }
 

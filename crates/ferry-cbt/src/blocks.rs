@@ -41,12 +41,16 @@ impl BlockType {
 
 /// A complete, checked answer: the volume's size and its ranges in order, adjacent ranges
 /// merged.
+///
+/// A service may answer "nothing" (no block allocated, nothing changed) by ending the stream
+/// without a single response, as the CSI hostpath driver does: then the map is empty and the
+/// service said neither the volume's size nor its block type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockMap {
-    /// The volume's size in bytes, as the service reported it.
-    pub capacity: u64,
-    /// How the service cut its ranges (before merging).
-    pub block_type: BlockType,
+    /// The volume's size in bytes, as the service reported it; `None` when no response came.
+    pub capacity: Option<u64>,
+    /// How the service cut its ranges (before merging); `None` when no response came.
+    pub block_type: Option<BlockType>,
     /// The ranges, ascending, disjoint, not adjacent.
     pub ranges: Vec<Range>,
 }
@@ -89,6 +93,12 @@ impl Collector {
     /// Marks the start of a new stream at [`Self::next_offset`].
     pub fn restart(&mut self) {
         self.resumed_at = Some(self.next);
+    }
+
+    /// The separate ranges collected so far (after merging adjacent ones).
+    #[must_use]
+    pub fn range_count(&self) -> usize {
+        self.ranges.len()
     }
 
     /// Adds one response's fields.
@@ -155,15 +165,26 @@ impl Collector {
             ));
         }
         // The first range of a resumed stream may start before the resumption point (a block
-        // straddling it), as long as it ends after it; its earlier part was received already.
+        // straddling it), as long as it ends after it and its earlier part is what the last
+        // stream already said: inside the last range received. Anything else contradicts the
+        // earlier answer, which is then no more trustworthy than this one.
         let start = match self.resumed_at.take() {
             Some(at) if end <= at => {
                 return Err(format!(
                     "range at {offset} of {len} bytes ends at or before the requested start {at}"
                 ));
             }
-            Some(at) => offset.max(at),
-            None => offset,
+            Some(at) if offset < at => {
+                let received = self.ranges.last().filter(|last| last.end() == at);
+                if received.is_none_or(|last| offset < last.offset) {
+                    return Err(format!(
+                        "range at {offset} of {len} bytes, the first after resuming at {at}, \
+                         claims bytes the earlier stream did not report"
+                    ));
+                }
+                at
+            }
+            Some(_) | None => offset,
         };
         if start < self.next {
             return Err(format!(
@@ -179,17 +200,10 @@ impl Collector {
         Ok(())
     }
 
-    /// The complete answer.
-    ///
-    /// # Errors
-    /// No response ever arrived (the stream ended without saying the volume's size).
-    pub fn finish(self) -> Result<BlockMap, String> {
-        match (self.capacity, self.block_type) {
-            (Some(capacity), Some(block_type)) => {
-                Ok(BlockMap { capacity, block_type, ranges: self.ranges })
-            }
-            _ => Err("the stream ended before any response said the volume's size".into()),
-        }
+    /// The complete answer (empty, without a capacity, when no response came).
+    #[must_use]
+    pub fn finish(self) -> BlockMap {
+        BlockMap { capacity: self.capacity, block_type: self.block_type, ranges: self.ranges }
     }
 }
 
@@ -211,13 +225,15 @@ mod tests {
         let mut c = Collector::new();
         c.push(FIXED, 1 << 20, &[block(0, 4096), block(4096, 4096)]).unwrap();
         c.push(FIXED, 1 << 20, &[block(8192, 4096), block(65536, 4096)]).unwrap();
-        let map = c.finish().unwrap();
+        assert_eq!(c.range_count(), 2);
+        let map = c.finish();
         assert_eq!(
             map.ranges,
             [Range { offset: 0, len: 12288 }, Range { offset: 65536, len: 4096 }]
         );
         assert_eq!(map.bytes(), 16384);
-        assert_eq!(map.block_type, BlockType::FixedLength);
+        assert_eq!(map.block_type, Some(BlockType::FixedLength));
+        assert_eq!(map.capacity, Some(1 << 20));
     }
 
     #[test]
@@ -241,7 +257,13 @@ mod tests {
         c.push(VARIABLE, 1 << 20, &[]).unwrap();
         assert!(c.push(VARIABLE, 2 << 20, &[]).unwrap_err().contains("capacity changed"));
         assert!(c.push(FIXED, 1 << 20, &[]).unwrap_err().contains("type changed"));
-        assert!(Collector::new().finish().unwrap_err().contains("before any response"));
+    }
+
+    #[test]
+    fn no_response_at_all_is_an_empty_answer_without_a_size() {
+        let map = Collector::new().finish();
+        assert_eq!(map, BlockMap { capacity: None, block_type: None, ranges: Vec::new() });
+        assert_eq!(map.bytes(), 0);
     }
 
     #[test]
@@ -251,7 +273,7 @@ mod tests {
         c.restart();
         assert_eq!(c.next_offset(), 1000);
         c.push(VARIABLE, 1 << 20, &[block(500, 1000), block(4000, 10)]).unwrap();
-        let map = c.finish().unwrap();
+        let map = c.finish();
         assert_eq!(map.ranges, [Range { offset: 0, len: 1500 }, Range { offset: 4000, len: 10 }]);
 
         let mut c = Collector::new();
@@ -259,6 +281,14 @@ mod tests {
         c.restart();
         let err = c.push(VARIABLE, 1 << 20, &[block(0, 1000)]).unwrap_err();
         assert!(err.contains("before the requested start 1000"), "{err}");
+
+        // A straddling block that reaches back past the last range received contradicts the
+        // earlier stream: refused, not trimmed.
+        let mut c = Collector::new();
+        c.push(VARIABLE, 1 << 20, &[block(900, 100)]).unwrap();
+        c.restart();
+        let err = c.push(VARIABLE, 1 << 20, &[block(0, 2000)]).unwrap_err();
+        assert!(err.contains("did not report"), "{err}");
     }
 
     proptest! {
@@ -279,7 +309,7 @@ mod tests {
             let capacity = i64::try_from(at + 4096).unwrap();
             let mut whole = Collector::new();
             whole.push(VARIABLE, capacity, &blocks).unwrap();
-            let whole = whole.finish().unwrap();
+            let whole = whole.finish();
 
             let mut split = Collector::new();
             let mut batch = Vec::new();
@@ -292,7 +322,7 @@ mod tests {
                 }
             }
             split.push(VARIABLE, capacity, &batch).unwrap();
-            let split = split.finish().unwrap();
+            let split = split.finish();
             prop_assert_eq!(&split, &whole);
             let total: u64 = gaps.iter().map(|(_, len)| len * 4096).sum();
             prop_assert_eq!(whole.bytes(), total);

@@ -15,6 +15,9 @@ use crate::{BlockMap, CbtError, Collector, Tokens};
 
 /// Streams are started again at most this many times in all, however much each one got.
 const MAX_STREAMS: u32 = 1000;
+/// Responses in a row without a single range a stream may send before it is refused: a
+/// service that keeps a stream busy with nothing would otherwise hold a backup forever.
+const MAX_EMPTY_RESPONSES: u32 = 1000;
 
 /// What to ask the service.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +41,9 @@ pub enum Query {
 }
 
 impl Query {
-    const fn call(&self) -> &'static str {
+    /// The gRPC call that answers it.
+    #[must_use]
+    pub const fn call(&self) -> &'static str {
         match self {
             Self::Allocated { .. } => "GetMetadataAllocated",
             Self::Delta { .. } => "GetMetadataDelta",
@@ -55,7 +60,7 @@ impl Query {
     }
 }
 
-/// How broken streams are retried.
+/// How streams are retried and bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retry {
     /// Streams that may break in a row without a new range before the query fails.
@@ -64,11 +69,23 @@ pub struct Retry {
     pub backoff: Duration,
     /// Ranges per response asked for (0: the service chooses).
     pub max_results: i32,
+    /// The longest wait for the call's answer or the stream's next message; past it the
+    /// stream counts as broken and is resumed (`DeadlineExceeded`).
+    pub idle: Duration,
+    /// The most separate ranges (after merging adjacent ones) an answer may hold: past it,
+    /// reading by ranges costs more than reading the volume ([`CbtError::TooFragmented`]).
+    pub max_ranges: usize,
 }
 
 impl Default for Retry {
     fn default() -> Self {
-        Self { attempts: 5, backoff: Duration::from_millis(500), max_results: 0 }
+        Self {
+            attempts: 5,
+            backoff: Duration::from_millis(500),
+            max_results: 0,
+            idle: Duration::from_secs(60),
+            max_ranges: 1 << 22,
+        }
     }
 }
 
@@ -101,6 +118,7 @@ impl Answer for GetMetadataDeltaResponse {
 enum Stop {
     Status(Status),
     Untrusted(String),
+    TooFragmented,
     Cancelled,
 }
 
@@ -153,7 +171,8 @@ impl Connection {
     /// # Errors
     /// [`CbtError::Token`] (no token), [`CbtError::Refused`] (an error retrying cannot fix:
     /// not found, permission denied, invalid argument...), [`CbtError::Broken`] (the stream
-    /// kept breaking), [`CbtError::Untrusted`] (the answer broke the API's rules),
+    /// kept breaking or went silent), [`CbtError::Untrusted`] (the answer broke the API's
+    /// rules), [`CbtError::TooFragmented`] (more ranges than [`Retry::max_ranges`]),
     /// [`CbtError::Cancelled`].
     pub async fn query(
         &self,
@@ -178,12 +197,19 @@ impl Connection {
                 token = self.tokens.token() => token?,
             };
             let stop = match self.stream(query, &token, &mut collector, cancel).await {
-                Ok(()) => return collector.finish().map_err(untrusted),
+                Ok(()) => return Ok(collector.finish()),
                 Err(stop) => stop,
             };
             let status = match stop {
                 Stop::Cancelled => return Err(CbtError::Cancelled),
                 Stop::Untrusted(reason) => return Err(untrusted(reason)),
+                Stop::TooFragmented => {
+                    return Err(CbtError::TooFragmented {
+                        call: query.call(),
+                        subject: query.subject(),
+                        limit: self.retry.max_ranges,
+                    });
+                }
                 Stop::Status(status) => status,
             };
             if collector.next_offset() > before {
@@ -270,11 +296,8 @@ impl Connection {
                     max_results: self.retry.max_results,
                 };
                 let call = grpc.get_metadata_allocated(request);
-                let stream = tokio::select! {
-                    () = cancel.cancelled() => return Err(Stop::Cancelled),
-                    answer = call => answer.map_err(Stop::Status)?.into_inner(),
-                };
-                drain(stream, collector, cancel).await
+                let stream = self.within_idle(call, cancel).await?.into_inner();
+                self.drain(stream, collector, cancel).await
             }
             Query::Delta { namespace, base_handle, target } => {
                 let request = GetMetadataDeltaRequest {
@@ -286,28 +309,51 @@ impl Connection {
                     max_results: self.retry.max_results,
                 };
                 let call = grpc.get_metadata_delta(request);
-                let stream = tokio::select! {
-                    () = cancel.cancelled() => return Err(Stop::Cancelled),
-                    answer = call => answer.map_err(Stop::Status)?.into_inner(),
-                };
-                drain(stream, collector, cancel).await
+                let stream = self.within_idle(call, cancel).await?.into_inner();
+                self.drain(stream, collector, cancel).await
             }
         }
     }
-}
 
-async fn drain<R: Answer>(
-    mut stream: Streaming<R>,
-    collector: &mut Collector,
-    cancel: &CancellationToken,
-) -> Result<(), Stop> {
-    loop {
-        let message = tokio::select! {
-            () = cancel.cancelled() => return Err(Stop::Cancelled),
-            message = stream.message() => message.map_err(Stop::Status)?,
-        };
-        let Some(answer) = message else { return Ok(()) };
-        let (kind, capacity, blocks) = answer.parts();
-        collector.push(kind, capacity, blocks).map_err(Stop::Untrusted)?;
+    /// Awaits `step` for at most [`Retry::idle`]; silence counts as a broken stream.
+    async fn within_idle<T>(
+        &self,
+        step: impl Future<Output = Result<T, Status>>,
+        cancel: &CancellationToken,
+    ) -> Result<T, Stop> {
+        tokio::select! {
+            () = cancel.cancelled() => Err(Stop::Cancelled),
+            answer = tokio::time::timeout(self.retry.idle, step) => match answer {
+                Ok(answer) => answer.map_err(Stop::Status),
+                Err(_) => Err(Stop::Status(Status::deadline_exceeded(format!(
+                    "the service sent nothing for {} s",
+                    self.retry.idle.as_secs_f64()
+                )))),
+            },
+        }
+    }
+
+    /// Reads one stream to its end into `collector`.
+    async fn drain<R: Answer>(
+        &self,
+        mut stream: Streaming<R>,
+        collector: &mut Collector,
+        cancel: &CancellationToken,
+    ) -> Result<(), Stop> {
+        let mut empty = 0u32;
+        while let Some(answer) = self.within_idle(stream.message(), cancel).await? {
+            let (kind, capacity, blocks) = answer.parts();
+            collector.push(kind, capacity, blocks).map_err(Stop::Untrusted)?;
+            if collector.range_count() > self.retry.max_ranges {
+                return Err(Stop::TooFragmented);
+            }
+            empty = if blocks.is_empty() { empty + 1 } else { 0 };
+            if empty > MAX_EMPTY_RESPONSES {
+                return Err(Stop::Untrusted(format!(
+                    "more than {MAX_EMPTY_RESPONSES} responses in a row carried no range"
+                )));
+            }
+        }
+        Ok(())
     }
 }

@@ -96,6 +96,18 @@ pub enum CbtError {
         /// The rule broken, and where.
         reason: String,
     },
+    /// The answer holds more separate ranges than a backup reads one by one.
+    #[error(
+        "the SnapshotMetadata service answered {call} for {subject} with more than {limit} separate ranges: reading them one by one would cost more than reading the volume"
+    )]
+    TooFragmented {
+        /// `GetMetadataAllocated` or `GetMetadataDelta`.
+        call: &'static str,
+        /// What was asked about.
+        subject: String,
+        /// The most ranges allowed.
+        limit: usize,
+    },
     /// The work was cancelled.
     #[error("cancelled")]
     Cancelled,
@@ -119,6 +131,8 @@ pub enum FallbackReason {
     StreamFailed,
     /// The answer broke the API's rules.
     Untrusted,
+    /// The answer held too many separate ranges to be worth reading one by one.
+    TooFragmented,
 }
 
 impl FallbackReason {
@@ -133,6 +147,7 @@ impl FallbackReason {
             Self::Refused => "refused",
             Self::StreamFailed => "stream-failed",
             Self::Untrusted => "untrusted",
+            Self::TooFragmented => "too-fragmented",
         }
     }
 }
@@ -156,6 +171,7 @@ impl CbtError {
             },
             Self::Broken { .. } => FallbackReason::StreamFailed,
             Self::Untrusted { .. } => FallbackReason::Untrusted,
+            Self::TooFragmented { .. } => FallbackReason::TooFragmented,
             Self::Cancelled => return None,
         })
     }

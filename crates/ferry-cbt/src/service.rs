@@ -9,6 +9,20 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use crate::CbtError;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 pings on a quiet connection, so a service (or a path to it) that died without a word
+/// is noticed while a stream waits.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Audiences the API server accepts in every cluster Ferry knows of (kubeadm, managed
+/// clusters, the API's own default); the cluster's issuer is added when it can be read.
+const API_AUDIENCES: &[&str] = &[
+    "https://kubernetes.default.svc.cluster.local",
+    "https://kubernetes.default.svc",
+    "kubernetes.default.svc",
+    "kubernetes",
+    "api",
+];
 
 /// A driver's SnapshotMetadata service, as its SnapshotMetadataService object describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,15 +43,30 @@ impl Service {
     /// # Errors
     /// [`CbtError::NoService`] when there is none (or the API is not served),
     /// [`CbtError::Discover`] when the read fails, [`CbtError::BadService`] when the object
-    /// lacks what a client needs.
+    /// lacks what a client needs, or when its audience is one the API server itself accepts
+    /// (a token for it would let whoever runs the service act as Ferry's service account
+    /// against the API server).
     pub async fn discover(client: kube::Client, driver: &str) -> Result<Self, CbtError> {
-        let api: Api<SnapshotMetadataService> = Api::all(client);
+        let api: Api<SnapshotMetadataService> = Api::all(client.clone());
         let found = api
             .get_opt(driver)
             .await
             .map_err(|source| CbtError::Discover { driver: driver.to_owned(), source })?;
         let sms = found.ok_or_else(|| CbtError::NoService { driver: driver.to_owned() })?;
-        Self::from_object(driver, &sms)
+        let service = Self::from_object(driver, &sms)?;
+        let issuer = issuer(&client).await;
+        if API_AUDIENCES.contains(&service.audience.as_str())
+            || issuer.as_deref() == Some(service.audience.as_str())
+        {
+            return Err(CbtError::BadService {
+                driver: driver.to_owned(),
+                reason: format!(
+                    "its audience {:?} is one the API server accepts: a token for it would let the service act as Ferry's service account; give the service an audience of its own",
+                    service.audience
+                ),
+            });
+        }
+        Ok(service)
     }
 
     /// Checks an object's fields.
@@ -97,11 +126,27 @@ impl Service {
             .map_err(failed)?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_keepalive(Some(Duration::from_secs(30)))
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
             .tls_config(tls)
             .map_err(failed)?
             .connect()
             .await
             .map_err(failed)
+    }
+}
+
+/// The cluster's service account issuer (the API server's default audience), from its OIDC
+/// discovery document; `None` when it cannot be read.
+async fn issuer(client: &kube::Client) -> Option<String> {
+    let request = http::Request::get("/.well-known/openid-configuration").body(Vec::new()).ok()?;
+    match client.request::<serde_json::Value>(request).await {
+        Ok(document) => document.get("issuer")?.as_str().map(str::to_owned),
+        Err(e) => {
+            tracing::debug!(error = %e, "the service account issuer could not be read");
+            None
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount as KubeServiceAccount;
 use kube::Api;
 use kube::api::PostParams;
@@ -58,16 +58,24 @@ pub struct Tokens {
 }
 
 enum Source {
-    /// Requested from the TokenRequest API.
-    Api { api: Box<Api<KubeServiceAccount>>, account: ServiceAccount },
+    /// Requested from the TokenRequest API, bound to a pod when one is named.
+    Api { api: Box<Api<KubeServiceAccount>>, account: ServiceAccount, pod: Option<Pod> },
     /// Given once (a token file); never renewed.
     Fixed(String),
+}
+
+/// The pod a token is bound to: the token dies with the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Pod {
+    name: String,
+    uid: Option<String>,
 }
 
 impl fmt::Debug for Tokens {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let account = match &self.source {
-            Source::Api { account, .. } => account.to_string(),
+            Source::Api { account, pod: None, .. } => account.to_string(),
+            Source::Api { account, pod: Some(pod), .. } => format!("{account} (pod {})", pod.name),
             Source::Fixed(_) => "(a given token)".into(),
         };
         f.debug_struct("Tokens")
@@ -86,10 +94,22 @@ impl Tokens {
             source: Source::Api {
                 api: Box::new(Api::namespaced(client, &account.namespace)),
                 account,
+                pod: None,
             },
             audience: audience.to_owned(),
             current: Mutex::new(None),
         }
+    }
+
+    /// Binds every token to the pod `name` (with `uid` when known) in the account's namespace:
+    /// the API server stops accepting a token once its pod is gone, so a token that leaked
+    /// from the service outlives nothing. Without effect on [`Self::fixed`] tokens.
+    #[must_use]
+    pub fn bound_to_pod(mut self, name: &str, uid: Option<&str>) -> Self {
+        if let Source::Api { pod, .. } = &mut self.source {
+            *pod = Some(Pod { name: name.to_owned(), uid: uid.map(str::to_owned) });
+        }
+        self
     }
 
     /// One given token (read from a file, say), used as it is for `audience`.
@@ -114,9 +134,9 @@ impl Tokens {
     /// [`CbtError::Token`]: the API refused (no right to create tokens of the account, or no
     /// such account).
     pub async fn token(&self) -> Result<String, CbtError> {
-        let (api, account) = match &self.source {
+        let (api, account, pod) = match &self.source {
             Source::Fixed(token) => return Ok(token.clone()),
-            Source::Api { api, account } => (api, account),
+            Source::Api { api, account, pod } => (api, account, pod),
         };
         let mut current = self.current.lock().await;
         if let Some((token, at)) = current.as_ref()
@@ -128,7 +148,12 @@ impl Tokens {
             spec: TokenRequestSpec {
                 audiences: vec![self.audience.clone()],
                 expiration_seconds: Some(i64::try_from(LIFETIME.as_secs()).unwrap_or(600)),
-                bound_object_ref: None,
+                bound_object_ref: pod.as_ref().map(|pod| BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(pod.name.clone()),
+                    uid: pod.uid.clone(),
+                }),
             },
             ..TokenRequest::default()
         };

@@ -39,6 +39,9 @@ struct Script {
     steps: Vec<Step>,
     /// Sent as they are, ignoring the offset (for answers that break rules).
     raw: Option<Vec<BlockMetadata>>,
+    /// Responses without a range sent before the blocks.
+    empties: usize,
+    /// The call is answered but the stream never sends a message.
     hang: bool,
 }
 
@@ -69,10 +72,8 @@ impl Fake {
             .copied()
             .collect();
         let mut out: Vec<Result<Vec<BlockMetadata>, Status>> =
-            pending.chunks(2).take(step.send).map(|c| Ok(c.to_vec())).collect();
-        if out.is_empty() && step.fail.is_none() {
-            out.push(Ok(Vec::new()));
-        }
+            (0..script.empties).map(|_| Ok(Vec::new())).collect();
+        out.extend(pending.chunks(2).take(step.send).map(|c| Ok(c.to_vec())));
         if let Some(code) = step.fail {
             out.push(Err(Status::new(code, "scripted failure")));
         }
@@ -140,10 +141,21 @@ async fn serve(fake: Fake, tls: Option<Identity>) -> SocketAddr {
     addr
 }
 
+const RETRY: Retry = Retry {
+    attempts: 3,
+    backoff: Duration::from_millis(10),
+    max_results: 0,
+    idle: Duration::from_secs(30),
+    max_ranges: 1000,
+};
+
 async fn connection(fake: &Fake) -> Connection {
+    connection_with(fake, RETRY).await
+}
+
+async fn connection_with(fake: &Fake, retry: Retry) -> Connection {
     let addr = serve(fake.clone(), None).await;
     let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
-    let retry = Retry { attempts: 3, backoff: Duration::from_millis(10), max_results: 0 };
     Connection::new(channel, Tokens::fixed("the-token".into(), "ferry"), retry)
 }
 
@@ -166,8 +178,8 @@ async fn a_broken_stream_resumes_after_the_last_range_received_and_loses_nothing
     let fake = fake(blocks(LIST), steps);
     let conn = connection(&fake).await;
     let map = conn.allocated("velero", "snap-1", &CancellationToken::new()).await.unwrap();
-    assert_eq!(map.capacity, 1 << 20);
-    assert_eq!(map.block_type, BlockType::FixedLength);
+    assert_eq!(map.capacity, Some(1 << 20));
+    assert_eq!(map.block_type, Some(BlockType::FixedLength));
     assert_eq!(
         map.ranges,
         [
@@ -189,8 +201,60 @@ async fn a_delta_names_its_base_by_handle_and_its_target_by_name() {
     let conn = connection(&fake).await;
     let map = conn.delta("velero", "handle-1", "snap-2", &CancellationToken::new()).await.unwrap();
     assert_eq!(map.ranges, [Range { offset: 8192, len: 100 }]);
-    assert_eq!(map.block_type, BlockType::VariableLength);
+    assert_eq!(map.block_type, Some(BlockType::VariableLength));
     assert_eq!(fake.calls.lock().unwrap()[0].2, "handle-1..snap-2");
+}
+
+#[tokio::test]
+async fn a_stream_that_ends_without_a_response_means_nothing_changed() {
+    // The hostpath driver answers an unchanged volume (or an empty one) this way.
+    let fake = fake(Vec::new(), Vec::new());
+    let conn = connection(&fake).await;
+    let map = conn.delta("velero", "handle-1", "snap-2", &CancellationToken::new()).await.unwrap();
+    assert_eq!((map.capacity, map.block_type, map.ranges.len()), (None, None, 0));
+    let map = conn.allocated("velero", "snap-2", &CancellationToken::new()).await.unwrap();
+    assert_eq!((map.capacity, map.bytes()), (None, 0));
+    assert_eq!(fake.calls.lock().unwrap().len(), 2, "an empty answer was retried");
+}
+
+#[tokio::test]
+async fn a_silent_stream_is_resumed_then_given_up() {
+    let fake = Fake::default();
+    fake.script.lock().unwrap().hang = true;
+    let retry = Retry { idle: Duration::from_millis(200), ..RETRY };
+    let conn = connection_with(&fake, retry).await;
+    let err = conn.allocated("velero", "snap-1", &CancellationToken::new()).await.unwrap_err();
+    assert!(
+        matches!(&err, CbtError::Broken { attempts: 3, code: Code::DeadlineExceeded, message, .. }
+            if message.contains("sent nothing")),
+        "{err}"
+    );
+    assert_eq!(fake.calls.lock().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn answers_past_the_bounds_are_refused() {
+    // Too many separate ranges to read one by one.
+    let scattered = fake(blocks(LIST), Vec::new());
+    let conn = connection_with(&scattered, Retry { max_ranges: 3, ..RETRY }).await;
+    let err = conn.allocated("velero", "snap-1", &CancellationToken::new()).await.unwrap_err();
+    assert!(matches!(err, CbtError::TooFragmented { limit: 3, .. }), "{err}");
+    assert_eq!(err.reason().map(|r| r.as_str()), Some("too-fragmented"));
+    // A stream kept busy with responses that say nothing.
+    let busy = fake(blocks(LIST), Vec::new());
+    busy.script.lock().unwrap().empties = 1001;
+    let conn = connection(&busy).await;
+    let err = conn.allocated("velero", "snap-1", &CancellationToken::new()).await.unwrap_err();
+    assert!(
+        matches!(&err, CbtError::Untrusted { reason, .. } if reason.contains("carried no range")),
+        "{err}"
+    );
+    // A thousand is still patience, not abuse.
+    let patient = fake(blocks(LIST), Vec::new());
+    patient.script.lock().unwrap().empties = 1000;
+    let conn = connection(&patient).await;
+    let map = conn.allocated("velero", "snap-1", &CancellationToken::new()).await.unwrap();
+    assert_eq!(map.bytes(), 6 * 4096);
 }
 
 #[tokio::test]
@@ -202,7 +266,8 @@ async fn errors_retrying_cannot_fix_are_not_retried() {
         assert!(matches!(err, CbtError::Refused { code: c, .. } if c == code), "{err}");
         assert_eq!(fake.calls.lock().unwrap().len(), 1, "{code:?} was retried");
     }
-    // An expired token gets one fresh try, then the refusal stands.
+    // An expired token gets one more try, then the refusal stands. (That the retry carries a
+    // new token is shown on the real node: a fixed token cannot change.)
     let unauth = Step { send: 0, fail: Some(Code::Unauthenticated) };
     let fake = fake(blocks(LIST), vec![unauth.clone(), unauth]);
     let conn = connection(&fake).await;
@@ -302,11 +367,17 @@ async fn tls_trusts_the_services_ca_and_nothing_else() {
             .await
     };
     let err = refused.await.expect_err("a certificate from another CA was trusted");
-    assert!(
-        matches!(
-            err,
-            CbtError::Connect { .. } | CbtError::Broken { .. } | CbtError::Refused { .. }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, CbtError::Connect { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn tls_refuses_a_certificate_for_another_host() {
+    let ca = authority("snapshot-metadata CA");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["sms.elsewhere.example".to_owned()]).unwrap();
+    let cert = params.signed_by(&key, &ca).unwrap();
+    let identity = Identity::from_pem(cert.pem(), key.serialize_pem());
+    let addr = serve(fake(blocks(&[(0, 4096)]), Vec::new()), Some(identity)).await;
+    let err = service(addr, &ca.pem()).connect().await.expect_err("a certificate for another host");
+    assert!(matches!(err, CbtError::Connect { .. }), "{err}");
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_agent::{
-    ExposeParams, Exposed, ExposedVolume, Exposer, StepTimer, VolumeMode, WorkError,
+    CsiSnapshot, ExposeParams, Exposed, ExposedVolume, Exposer, StepTimer, VolumeMode, WorkError,
 };
 use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use ferry_api::keys::DATA_UPLOAD_LABEL;
@@ -177,6 +177,21 @@ impl CsiBackupExposer {
         Ok(found)
     }
 
+    /// The backup VolumeSnapshot of `du` and its physical snapshot, once its content has a
+    /// handle.
+    async fn backup_snapshot(&self, du: &DataUpload) -> Result<Option<CsiSnapshot>, ExposeError> {
+        let name = du.name_any();
+        let content = get_opt(&self.contents(), &name, "reading the backup content").await?;
+        Ok(content.map(|c| snapshot_of(&c, None)).filter(|s| !s.handle.is_empty()).map(|s| {
+            CsiSnapshot {
+                namespace: self.config.namespace.clone(),
+                name,
+                driver: s.driver,
+                handle: s.handle,
+            }
+        }))
+    }
+
     async fn source_pvc_mode(&self, du: &DataUpload) -> Result<VolumeMode, ExposeError> {
         let pvcs: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &du.spec.source_namespace);
@@ -307,7 +322,15 @@ impl Exposer<DataUpload> for CsiBackupExposer {
         du: &DataUpload,
         node: &str,
     ) -> Result<Option<ExposedVolume>, WorkError> {
-        locate_telling(&self.client, &self.config, &self.waits, du, node).await.map_err(Into::into)
+        let found = locate_telling(&self.client, &self.config, &self.waits, du, node).await?;
+        match found {
+            // Changed-block tracking asks about the backup VolumeSnapshot and its handle.
+            Some(mut volume) if volume.mode == VolumeMode::Block => {
+                volume.snapshot = self.backup_snapshot(du).await?;
+                Ok(Some(volume))
+            }
+            other => Ok(other),
+        }
     }
 
     async fn still_held(&self, du: &DataUpload, volume: &ExposedVolume) -> Result<(), WorkError> {
@@ -394,6 +417,7 @@ pub(crate) async fn locate(
             holder: uid,
             mode,
             node_os: NodeOs::Linux,
+            snapshot: None,
         }),
         None => {
             let expected = crate::pod_volume_path(root, &uid, "kubernetes.io~csi", &pv, mode);

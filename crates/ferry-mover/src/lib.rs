@@ -25,6 +25,9 @@
 //! - [`RepoMover`]: the [`ferry_agent::DataMover`] that backs a volume up into that
 //!   repository (incremental against the last snapshot of the same PVC, resuming from what an
 //!   interrupted upload left) and restores a snapshot into a volume.
+//! - [`ChangedBlocks`]: a block backup reads only the snapshot's allocated ranges when the CSI
+//!   driver's SnapshotMetadata service says which they are (`ferry-cbt`), else the whole
+//!   device; the outcome says which, and why it fell back.
 //! - [`upload_finalizer`]: backup deletion without Ferry's plugin: each Completed DataUpload of
 //!   this mover is held by a finalizer until Velero deleted its backup and the snapshot is forgotten.
 //! - [`deletion`]: the snapshots recorded by Ferry's plugin for deleted backups forgotten and
@@ -33,6 +36,7 @@
 //!   a deletion safe) becomes a Warning Event on the BackupStorageLocation.
 
 mod bsl;
+mod changed_blocks;
 pub mod deletion;
 mod error;
 mod kms;
@@ -43,8 +47,9 @@ pub mod space;
 pub mod upload_finalizer;
 
 pub use bsl::{BslLocation, aws_credentials, location_of};
+pub use changed_blocks::ChangedBlocks;
 pub use error::MoverError;
-pub use mover::{DATA_UPLOAD_TAG, RepoMover};
+pub use mover::{CSI_SNAPSHOT_HANDLE_TAG, DATA_UPLOAD_TAG, RepoMover};
 pub use secrets::{
     KMS_ENDPOINT_KEY, KMS_KEY_ID_KEY, PASSWORD_KEY, PASSWORD_SECRET, PREVIOUS_PASSWORD_KEY,
     VELERO_PASSWORD_SECRET,

@@ -21,7 +21,12 @@ use ferry_repo::{
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 
+use crate::changed_blocks::{ChangedBlocks, Planned};
 use crate::{InUse, MoverError, RepositorySource};
+
+/// The tag holding, on a block volume's snapshot, the handle of the CSI snapshot it was read
+/// from: the base a later backup asks the changed blocks since.
+pub const CSI_SNAPSHOT_HANDLE_TAG: &str = "ferry.io/csi-snapshot-handle";
 
 /// The tag holding the DataUpload's name on each snapshot.
 pub const DATA_UPLOAD_TAG: &str = "ferry.io/data-upload";
@@ -40,6 +45,8 @@ pub struct RepoMover {
     /// Data movements this process runs at once (the agent's concurrency): they share the
     /// memory allowance of the data path's threads.
     jobs: usize,
+    /// How block backups ask which ranges to read (`None`: they read the whole device).
+    changed_blocks: Option<ChangedBlocks>,
 }
 
 impl std::fmt::Debug for RepoMover {
@@ -52,7 +59,7 @@ impl RepoMover {
     /// A mover using `repos`.
     #[must_use]
     pub fn new(repos: Arc<dyn RepositorySource>) -> Self {
-        Self { repos, fidelity: Fidelity::CONFINED, jobs: 1 }
+        Self { repos, fidelity: Fidelity::CONFINED, jobs: 1, changed_blocks: None }
     }
 
     /// Runs up to `jobs` data movements at once: each gets its share of the threads the
@@ -67,6 +74,15 @@ impl RepoMover {
     /// they can be resized in place).
     fn threads(&self) -> usize {
         thread_budget::default_threads().per_job(self.jobs)
+    }
+
+    /// Block backups read only the snapshot's allocated ranges where the CSI driver's
+    /// SnapshotMetadata service reports them (without this they read the whole device, and say
+    /// changed-block tracking is off).
+    #[must_use]
+    pub fn with_changed_blocks(mut self, changed_blocks: ChangedBlocks) -> Self {
+        self.changed_blocks = Some(changed_blocks);
+        self
     }
 
     /// Restores with `fidelity` where the DataDownload does not say otherwise.
@@ -239,6 +255,7 @@ impl DataMover for RepoMover {
         }
         let hostname = Some(volume.node.clone());
         let report = Some(reporter(progress.clone()));
+        let mut block_reads = None;
         let (snapshot_id, total, new) = match volume.mode {
             VolumeMode::Filesystem => {
                 let threads = self.threads();
@@ -250,18 +267,54 @@ impl DataMover for RepoMover {
                 (s.snapshot_id, s.bytes_total, s.bytes_new)
             }
             VolumeMode::Block => {
-                let threads = self.threads();
-                let options = VolumeBackupOptions {
+                let planned = match &self.changed_blocks {
+                    Some(cb) => cb
+                        .plan(volume.snapshot.as_ref(), &cancel)
+                        .await
+                        .map_err(|_| WorkError::Canceled)?,
+                    None => Planned::off(),
+                };
+                if let Some(snapshot) = &volume.snapshot {
+                    tags.push((CSI_SNAPSHOT_HANDLE_TAG.to_owned(), snapshot.handle.clone()));
+                }
+                let mut options = VolumeBackupOptions {
                     parent,
                     tags,
                     source,
                     hostname,
-                    threads,
+                    threads: self.threads(),
+                    read_plan: planned.read_plan.clone(),
+                    plan_size: planned.plan_size,
                     ..Default::default()
                 };
-                let s = backup_volume_at(&repo, place(volume)?, &options, report, &cancel)
-                    .await
-                    .map_err(|e| work_error("backing up the block volume", &location, e))?;
+                let (s, planned) = match backup_volume_at(
+                    &repo,
+                    place(volume)?,
+                    &options,
+                    report.clone(),
+                    &cancel,
+                )
+                .await
+                {
+                    // Refused before anything was read: the whole device instead.
+                    Err(RepoError::InvalidInput { what: "read plan", reason })
+                        if planned.by_ranges() =>
+                    {
+                        let planned = planned.refused(&reason);
+                        options.read_plan = planned.read_plan.clone();
+                        options.plan_size = None;
+                        let s = backup_volume_at(&repo, place(volume)?, &options, report, &cancel)
+                            .await
+                            .map_err(|e| work_error("backing up the block volume", &location, e))?;
+                        (s, planned)
+                    }
+                    other => (
+                        other
+                            .map_err(|e| work_error("backing up the block volume", &location, e))?,
+                        planned,
+                    ),
+                };
+                block_reads = Some(planned.report(s.bytes_read, s.size));
                 (s.snapshot_id, s.size, s.bytes_new)
             }
         };
@@ -273,6 +326,7 @@ impl DataMover for RepoMover {
             incremental_bytes: new,
             data_mover_result: BTreeMap::new(),
             warnings,
+            block_reads,
         })
     }
 
@@ -409,6 +463,7 @@ mod tests {
             holder: "pod-uid".into(),
             mode: VolumeMode::Filesystem,
             node_os: ferry_api::NodeOs::Linux,
+            snapshot: None,
         }
     }
 

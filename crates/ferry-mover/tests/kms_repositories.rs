@@ -108,6 +108,7 @@ fn opened(path: &std::path::Path) -> ExposedVolume {
         holder: "pod-uid".into(),
         mode: VolumeMode::Filesystem,
         node_os: ferry_api::NodeOs::Linux,
+        snapshot: None,
     }
 }
 

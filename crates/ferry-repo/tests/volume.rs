@@ -474,6 +474,20 @@ async fn changed_ranges_are_all_a_backup_reads_and_the_restore_is_whole() -> Tes
         "{err}"
     );
     assert_eq!(repo.snapshots(&cancel).await?.len(), before);
+    // Ranges the storage system gave for a volume of another size are about something else.
+    let other = VolumeBackupOptions {
+        read_plan: ReadPlan::Only(vec![(0, MIB)]),
+        plan_size: Some(64 * MIB),
+        ..VolumeBackupOptions::default()
+    };
+    let err = backup_volume(&repo, &image, &other, None, &cancel)
+        .await
+        .expect_err("ranges for a 64 MiB volume were used on a 65 MiB one");
+    assert!(
+        matches!(&err, RepoError::InvalidInput { what: "read plan", reason } if reason.contains("describe a volume of")),
+        "{err}"
+    );
+    assert_eq!(repo.snapshots(&cancel).await?.len(), before);
     // Without a parent, changed ranges mean nothing.
     let orphan = VolumeBackupOptions { parent: None, ..options };
     let err = backup_volume(&repo, &image, &orphan, None, &cancel)

@@ -11,10 +11,11 @@ use anyhow::Context;
 use clap::Args;
 use ferry_agent::{Agent, AgentConfig, Backends};
 use ferry_api::GoDuration;
-use ferry_api::k8s_openapi::api::core::v1::{ConfigMap, Node};
+use ferry_api::k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use ferry_api::node_agent_config::NodeAgentConfig;
+use ferry_cbt::ServiceAccount;
 use ferry_expose::{CsiBackupExposer, CsiRestoreExposer, ExposerConfig};
-use ferry_mover::{BslRepositories, FixedRepository, RepoMover, RepositorySource};
+use ferry_mover::{BslRepositories, ChangedBlocks, FixedRepository, RepoMover, RepositorySource};
 use ferry_repo::{InitOptions, Repository};
 use kube::api::Api;
 use tokio_util::sync::CancellationToken;
@@ -104,6 +105,21 @@ pub struct AgentArgs {
     /// keys), `full` restores them unless it declines.
     #[arg(long, value_enum, default_value_t = RestoreFidelity::Confined)]
     pub restore_fidelity: RestoreFidelity,
+    /// Whether block backups ask the CSI driver's SnapshotMetadata service (changed-block
+    /// tracking) which ranges to read: `auto` uses it where the driver offers one and reads
+    /// the whole device otherwise, saying why; `off` always reads the whole device. Tokens
+    /// are of the agent's own service account, bound to its pod (`--pod-name`).
+    #[arg(long, value_enum, default_value_t = ChangedBlocksMode::Auto)]
+    pub changed_blocks: ChangedBlocksMode,
+}
+
+/// Whether block backups use changed-block tracking (see [`AgentArgs::changed_blocks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ChangedBlocksMode {
+    /// Where the CSI driver offers it.
+    Auto,
+    /// Never.
+    Off,
 }
 
 /// The agent's default restore fidelity (see [`AgentArgs::restore_fidelity`]).
@@ -124,22 +140,43 @@ impl RestoreFidelity {
     }
 }
 
-/// The tolerations of the agent's own pod (none when it is not named).
-async fn own_tolerations(
-    client: &kube::Client,
-    args: &AgentArgs,
-) -> anyhow::Result<Vec<ferry_api::k8s_openapi::api::core::v1::Toleration>> {
+/// The agent's own pod (`None` when it is not named).
+async fn own_pod(client: &kube::Client, args: &AgentArgs) -> anyhow::Result<Option<Pod>> {
     let Some(name) = &args.pod_name else {
-        tracing::warn!("POD_NAME is not set: holding pods will tolerate no taint");
-        return Ok(Vec::new());
+        tracing::warn!(
+            "POD_NAME is not set: holding pods will tolerate no taint, and block backups \
+             read whole devices (changed-block tracking needs the agent's service account)"
+        );
+        return Ok(None);
     };
-    let pods: Api<ferry_api::k8s_openapi::api::core::v1::Pod> =
-        Api::namespaced(client.clone(), &args.namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &args.namespace);
     let pod = pods
         .get(name)
         .await
         .with_context(|| format!("reading the agent's own pod {}/{name}", args.namespace))?;
-    Ok(pod.spec.and_then(|s| s.tolerations).unwrap_or_default())
+    Ok(Some(pod))
+}
+
+/// Changed-block tracking with tokens of the pod's service account, bound to the pod.
+fn changed_blocks(
+    client: &kube::Client,
+    args: &AgentArgs,
+    pod: Option<&Pod>,
+) -> Option<ChangedBlocks> {
+    if args.changed_blocks == ChangedBlocksMode::Off {
+        return None;
+    }
+    let pod = pod?;
+    let name = pod.metadata.name.as_deref()?;
+    let account = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap_or_else(|| "default".to_owned());
+    let account = ServiceAccount { namespace: args.namespace.clone(), name: account };
+    Some(
+        ChangedBlocks::new(client.clone(), account).bound_to_pod(name, pod.metadata.uid.as_deref()),
+    )
 }
 
 /// Reads Velero's node-agent ConfigMap and the node's labels (for per-node concurrency).
@@ -210,7 +247,10 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     exposer.namespace.clone_from(&args.namespace);
     exposer.kubelet_root.clone_from(&args.kubelet_root);
     exposer.unschedulable_grace = args.unschedulable_grace;
-    exposer.agent_tolerations = own_tolerations(&client, args).await?;
+    let pod = own_pod(&client, args).await?;
+    exposer.agent_tolerations =
+        pod.as_ref().and_then(|p| p.spec.as_ref()?.tolerations.clone()).unwrap_or_default();
+    let changed_blocks = changed_blocks(&client, args, pod.as_ref());
     let mut concurrency = args.concurrency;
     let mut prepare_queue_length = args.prepare_queue_length.map(|n| n as usize);
     if let Some(name) = &args.config_map {
@@ -230,14 +270,16 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
              prepare queue {queue}"
         );
     }
+    let mut mover = RepoMover::new(Arc::clone(&repos))
+        .with_fidelity(args.restore_fidelity.fidelity())
+        .with_concurrent_jobs(concurrency);
+    if let Some(changed_blocks) = changed_blocks {
+        mover = mover.with_changed_blocks(changed_blocks);
+    }
     let backends = Backends {
         upload_exposer: Arc::new(CsiBackupExposer::new(client.clone(), exposer.clone())),
         download_exposer: Arc::new(CsiRestoreExposer::new(client.clone(), exposer)),
-        mover: Arc::new(
-            RepoMover::new(Arc::clone(&repos))
-                .with_fidelity(args.restore_fidelity.fidelity())
-                .with_concurrent_jobs(concurrency),
-        ),
+        mover: Arc::new(mover),
     };
     let mut config = AgentConfig::new(args.node_name.clone());
     config.namespace.clone_from(&args.namespace);

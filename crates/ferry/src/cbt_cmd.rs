@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use ferry_api::{VolumeSnapshot, VolumeSnapshotContent};
-use ferry_cbt::{BlockMap, Connection, Query, Retry, Service, ServiceAccount, Tokens};
+use ferry_cbt::{BlockMap, BlockType, Connection, Query, Retry, Service, ServiceAccount, Tokens};
 use kube::Api;
 use tokio_util::sync::CancellationToken;
 
@@ -134,10 +134,12 @@ async fn snapshot_content(
 }
 
 fn print(args: &CbtArgs, driver: &str, query: &Query, map: &BlockMap) -> anyhow::Result<()> {
-    let (call, base) = match query {
-        Query::Allocated { .. } => ("GetMetadataAllocated", None),
-        Query::Delta { base_handle, .. } => ("GetMetadataDelta", Some(base_handle.as_str())),
+    let call = query.call();
+    let base = match query {
+        Query::Allocated { .. } => None,
+        Query::Delta { base_handle, .. } => Some(base_handle.as_str()),
     };
+    let block_type = map.block_type.map(BlockType::as_str);
     if args.json {
         let ranges: Vec<_> = map
             .ranges
@@ -151,21 +153,23 @@ fn print(args: &CbtArgs, driver: &str, query: &Query, map: &BlockMap) -> anyhow:
             "driver": driver,
             "call": call,
             "capacityBytes": map.capacity,
-            "blockMetadataType": map.block_type.as_str(),
+            "blockMetadataType": block_type,
             "bytes": map.bytes(),
             "ranges": ranges,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
+        let of = match (map.capacity, block_type) {
+            (Some(capacity), Some(kind)) => format!(" of {capacity} ({kind} blocks)"),
+            _ => " (the service sent no response: nothing)".to_owned(),
+        };
         println!(
-            "{}/{} ({driver}, {call}{}): {} ranges, {} of {} bytes ({} blocks)",
+            "{}/{} ({driver}, {call}{}): {} ranges, {} bytes{of}",
             args.namespace,
             args.snapshot,
             base.map(|b| format!(" since {b}")).unwrap_or_default(),
             map.ranges.len(),
             map.bytes(),
-            map.capacity,
-            map.block_type.as_str()
         );
     }
     Ok(())

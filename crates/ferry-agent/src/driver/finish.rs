@@ -98,6 +98,7 @@ pub(super) async fn complete<C: MoverCr>(
             return false;
         }
         c.set_phase(Phase::Completed);
+        c.status_mut().message.clear();
         c.record_outcome(outcome, volume);
         if let Some(hold) =
             ctx.config.completed_upload_finalizer.as_deref().filter(|_| C::RECORDS_SNAPSHOT)
@@ -106,9 +107,7 @@ pub(super) async fn complete<C: MoverCr>(
         {
             c.finalizers_mut().push(hold.to_owned());
         }
-        let status = c.status_mut();
-        status.message.clear();
-        *status.completion_timestamp = Some(now());
+        *c.status_mut().completion_timestamp = Some(now());
         remove_expose_label(c);
         true
     })
@@ -117,6 +116,7 @@ pub(super) async fn complete<C: MoverCr>(
         let summary = C::describe_outcome(outcome);
         tracing::info!(kind = C::KIND, %name, node = ctx.me(), %summary, "completed");
         ctx.metrics.outcome(C::KIND, crate::metrics::Outcome::Success);
+        C::count_outcome(outcome, &ctx.metrics);
         let note = format!("{summary} on node {}: {stats}", ctx.me());
         ctx.events.normal(&done, "Completed", note).await;
         for (reason, note) in C::outcome_warnings(outcome) {

@@ -208,6 +208,7 @@ impl Sim {
             holder: format!("sim-{cr}"),
             mode: VolumeMode::Filesystem,
             node_os: NodeOs::Linux,
+            snapshot: None,
         })
     }
 
@@ -366,6 +367,7 @@ impl DataMover for Sim {
                 volume.node.clone(),
             )]),
             warnings: self.behaviour(&name).warnings,
+            block_reads: None,
         })
     }
 

@@ -182,6 +182,18 @@ async fn backup_volume_leased(
             parent_map = Some(map);
         }
     }
+    if let Some(described) = options.plan_size
+        && described != volume.size
+        && options.read_plan != ReadPlan::Everything
+    {
+        return Err(RepoError::InvalidInput {
+            what: "read plan",
+            reason: format!(
+                "its ranges describe a volume of {described} bytes; this one is {} bytes",
+                volume.size
+            ),
+        });
+    }
     let mut plan =
         super::plan::plan(&options.read_plan, volume.size, chunk_size, parent_map.as_ref())
             .map_err(|reason| RepoError::InvalidInput { what: "read plan", reason })?;

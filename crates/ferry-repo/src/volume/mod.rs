@@ -58,6 +58,9 @@ pub struct VolumeBackupOptions {
     /// Which parts of the volume to read (everything, unless the storage system said which
     /// ranges matter).
     pub read_plan: ReadPlan,
+    /// The size of the volume the plan's ranges describe, when the storage system said it: a
+    /// volume of another size refuses the plan (its ranges are then about something else).
+    pub plan_size: Option<u64>,
 }
 
 /// Which parts of a volume a backup reads. The ranges, `(offset, len)` in bytes, must be
@@ -90,6 +93,7 @@ impl Default for VolumeBackupOptions {
             threads: 0,
             chunk_size: DEFAULT_VOLUME_CHUNK,
             read_plan: ReadPlan::Everything,
+            plan_size: None,
         }
     }
 }

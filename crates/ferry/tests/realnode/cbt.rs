@@ -91,6 +91,12 @@ dd if=/dev/urandom of=/dev/volume bs=4k count=1 seek=600 conv=fsync 2>/dev/null"
     );
     assert!(delta["baseSnapshotHandle"].as_str().is_some_and(|h| !h.is_empty()), "{delta}");
 
+    // Nothing written since: the driver ends the stream without a response, an empty answer.
+    let third = node::snapshot(&client, &ns, "data").await?;
+    let unchanged = cbt(&["delta", "-n", &ns, &third, "--base", &second], AGENT_ACCOUNT)?;
+    assert_eq!(ranges(&unchanged), [], "{unchanged}");
+    assert_eq!(unchanged["bytes"].as_u64(), Some(0), "{unchanged}");
+
     // An account that may not read the snapshot is refused by the sidecar's access review.
     let refused = cbt(&["allocated", "-n", &ns, &first], &format!("{ns}/default"))
         .expect_err("an account without access to the VolumeSnapshot read its metadata");
@@ -100,5 +106,76 @@ dd if=/dev/urandom of=/dev/volume bs=4k count=1 seek=600 conv=fsync 2>/dev/null"
         cbt(&["delta", "-n", &ns, &second, "--base-handle", "no-such-snapshot"], AGENT_ACCOUNT)
             .expect_err("a delta from an unknown base succeeded");
     assert!(unknown.contains("NotFound") || unknown.contains("InvalidArgument"), "{unknown}");
+    Ok(())
+}
+
+/// The number after `prefix` in `text` (`read 123 bytes` → 123).
+fn number_after(text: &str, prefix: &str) -> Option<u64> {
+    let rest = &text[text.find(prefix)? + prefix.len()..];
+    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+#[tokio::test]
+async fn a_block_backup_reads_only_the_allocated_ranges_and_restores_bit_for_bit() -> TestResult {
+    let node = node::node();
+    let _agent = node::AGENT.read().await;
+    let client = node.client()?;
+    let ns = node.namespace("cbt-backup").await?;
+    node::create_pvc(&client, &ns, "disk", "256Mi", "Block").await?;
+    // 4 MiB at 100 MiB and 64 KiB at 200 MiB of random data; the rest never written.
+    let written = node::run_pod(
+        &client,
+        &ns,
+        "disk",
+        true,
+        "set -e
+dd if=/dev/urandom of=/dev/volume bs=1M count=4 seek=100 conv=fsync 2>/dev/null
+dd if=/dev/urandom of=/dev/volume bs=64k count=1 seek=3200 conv=fsync 2>/dev/null
+md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log",
+    )
+    .await?;
+    let snapshot = node::snapshot(&client, &ns, "disk").await?;
+    let du = node::data_upload(&client, &ns, "disk", &snapshot, "cbt-backup").await?;
+    let du = node::wait_upload(&client, &node::name_of(&du)).await?;
+    let status = du.status.clone().unwrap_or_default();
+
+    // The message says which path the backup took and what it read.
+    let message = &status.message;
+    let allocated = 4 * MIB + 64 * 1024;
+    assert!(
+        message.contains(&format!("allocated ranges ({allocated} bytes)"))
+            && message.contains(ferry_testbed::realnode::DRIVER),
+        "the backup did not read by the driver's allocated ranges: {message:?}"
+    );
+    let read = number_after(message, "read ").ok_or_else(|| format!("no count in {message:?}"))?;
+    // Whole chunks (256 KiB) around each range: at most one more at each end.
+    assert!(
+        (allocated..=allocated + 4 * 256 * 1024).contains(&read),
+        "read {read} bytes for {allocated} allocated: {message}"
+    );
+    assert_eq!(status.progress.total_bytes, i64::try_from(256 * MIB)?, "{status:?}");
+    let events = node::agent_events(&client, &node::name_of(&du)).await?;
+    assert_eq!(events.get("Completed"), Some(&1), "{events:?}");
+
+    // The snapshot records the CSI snapshot it was read from (the base of a later delta).
+    let listed = node.ferry(&ns, &["snapshots", "--json"]).await?;
+    assert!(listed.contains(ferry_mover::CSI_SNAPSHOT_HANDLE_TAG), "{listed}");
+    node.ferry(&ns, &["check", "--read-data"]).await?;
+
+    let target_ns = node.namespace("cbt-restored").await?;
+    let dd = node::data_download(&client, &target_ns, "disk", "256Mi", "Block", &du, "cbt-restore")
+        .await?;
+    node::wait_download(&client, &node::name_of(&dd)).await?;
+    let restored = node::run_pod(
+        &client,
+        &target_ns,
+        "disk",
+        true,
+        "md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log",
+    )
+    .await?;
+    assert_eq!(restored, written, "the restored device differs from the written one");
+    node::delete_pvc(&client, &target_ns, "disk").await?;
+    node::delete_pvc(&client, &ns, "disk").await?;
     Ok(())
 }
