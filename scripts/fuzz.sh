@@ -5,6 +5,9 @@
 # stable toolchain accept them, and `--sanitizer none` avoids needing a sanitizer runtime.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
+# Its own build directory, even where CARGO_TARGET_DIR is shared: `make test` builds the fuzz
+# targets while the tests run, and one build directory would make them wait for each other.
+export CARGO_TARGET_DIR="$PWD/target"
 seconds="${1:-10}"
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --version 0.13.2
 export RUSTC_BOOTSTRAP=1
