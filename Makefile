@@ -17,7 +17,7 @@ LINTED := RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-D__CLIPPY_HACKER
 ## fuzz targets are built at low priority while the tests run.
 test: fmt-check tools test-build
 	@set -e; fuzz_log=$$(mktemp); nice -n 19 scripts/fuzz.sh --build-only >"$$fuzz_log" 2>&1 & fuzz=$$!; \
-	trap 'kill $$fuzz 2>/dev/null; rm -f "$$fuzz_log"' EXIT; \
+	trap 'kill $$fuzz 2>/dev/null || true; rm -f "$$fuzz_log"' EXIT; \
 	$(LINTED) $(CARGO) test --workspace --locked --all-targets --no-fail-fast; \
 	scripts/check-leaks.sh; \
 	wait $$fuzz || { cat "$$fuzz_log" >&2; echo "fuzz: building the targets failed" >&2; exit 1; }; \
