@@ -148,6 +148,9 @@ pub struct CsiSnapshot {
     pub driver: String,
     /// The physical snapshot's handle (`status.snapshotHandle` of its content).
     pub handle: String,
+    /// Whether the exposer keeps the physical snapshot after a completed backup, as the base
+    /// of the next backup's changed-block delta.
+    pub kept: bool,
 }
 
 impl ExposedVolume {

@@ -11,7 +11,7 @@ use ferry_agent::{
 use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use ferry_api::keys::DATA_UPLOAD_LABEL;
 use ferry_api::naming::valid_label_value;
-use ferry_api::{DataUpload, NodeOs, VolumeSnapshot, VolumeSnapshotContent};
+use ferry_api::{DataUpload, DataUploadPhase, NodeOs, VolumeSnapshot, VolumeSnapshotContent};
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -21,7 +21,7 @@ use crate::ops::{create_or_get, delete_if_present, get_opt, owner_of, update};
 use crate::pod;
 use crate::volume_wait::{VolumeWaits, locate_telling};
 use crate::wait::{Look, until};
-use crate::{ExposeError, ExposerConfig, labels};
+use crate::{ExposeError, ExposerConfig, kept, labels};
 
 /// Exposes DataUploads' CSI snapshots. See the crate docs.
 #[derive(Clone)]
@@ -140,7 +140,8 @@ impl CsiBackupExposer {
             )));
         }
         let class = (!csi.snapshot_class.is_empty()).then_some(csi.snapshot_class.as_str());
-        let content = objects::backup_content(
+        let keep = kept::wanted(&self.client, self.config.keep_base_snapshot, du, mode).await?;
+        let mut content = objects::backup_content(
             &name,
             &found.handle,
             &found.driver,
@@ -149,6 +150,11 @@ impl CsiBackupExposer {
             &self.config.namespace,
             source_content.labels().get(objects::MANAGED_BY_LABEL).map(String::as_str),
         )?;
+        if keep {
+            content
+                .annotations_mut()
+                .insert(kept::KEEP_DECIDED_ANNOTATION.to_owned(), "true".to_owned());
+        }
         let made = create_or_get(&self.contents(), &content, "creating the backup content").await?;
         // One made by an earlier Ferry, without the label, would never be readied by a
         // distributed snapshotter: label it now.
@@ -182,14 +188,22 @@ impl CsiBackupExposer {
     async fn backup_snapshot(&self, du: &DataUpload) -> Result<Option<CsiSnapshot>, ExposeError> {
         let name = du.name_any();
         let content = get_opt(&self.contents(), &name, "reading the backup content").await?;
-        Ok(content.map(|c| snapshot_of(&c, None)).filter(|s| !s.handle.is_empty()).map(|s| {
-            CsiSnapshot {
-                namespace: self.config.namespace.clone(),
-                name,
-                driver: s.driver,
-                handle: s.handle,
-            }
+        let Some(content) = content else { return Ok(None) };
+        let kept = kept::decided(&content);
+        let s = snapshot_of(&content, None);
+        Ok((!s.handle.is_empty()).then(|| CsiSnapshot {
+            namespace: self.config.namespace.clone(),
+            name,
+            driver: s.driver,
+            handle: s.handle,
+            kept,
         }))
+    }
+
+    /// Whether the backup content `name` was made to be kept after a completed backup.
+    async fn keeps(&self, name: &str) -> Result<bool, ExposeError> {
+        let content = get_opt(&self.contents(), name, "reading the backup content").await?;
+        Ok(content.as_ref().is_some_and(kept::decided))
     }
 
     async fn source_pvc_mode(&self, du: &DataUpload) -> Result<VolumeMode, ExposeError> {
@@ -340,12 +354,27 @@ impl Exposer<DataUpload> for CsiBackupExposer {
     async fn cleanup(&self, du: &DataUpload, _timeout: Duration) -> Result<(), WorkError> {
         let name = du.name_any();
         self.waits.done(&name);
+        let completed =
+            du.status.as_ref().and_then(|s| s.phase) == Some(DataUploadPhase::Completed);
+        // A completed block backup's physical snapshot stays, as the next delta's base.
+        let keep = completed && self.keeps(&name).await?;
+        let kept_at = tokio::time::Instant::now();
+        let kept = keep && kept::keep(&self.client, du).await?;
         delete_if_present(&self.pods(), &objects::holder_name(&name), "deleting the backup pod")
             .await?;
         delete_if_present(&self.claims(), &name, "deleting the backup PVC").await?;
+        if kept {
+            tokio::time::sleep_until(kept_at + kept::SETTLE).await;
+        }
         delete_if_present(&self.snapshots(), &name, "deleting the backup snapshot").await?;
-        // deletionPolicy Delete: this removes the physical snapshot too.
-        delete_if_present(&self.contents(), &name, "deleting the backup content").await?;
+        if !kept {
+            // deletionPolicy Delete: this removes the physical snapshot too.
+            delete_if_present(&self.contents(), &name, "deleting the backup content").await?;
+        }
+        // This backup is now the newest of its PVC: older kept bases are of no more use.
+        if completed {
+            kept::release_superseded(&self.client, du, kept.then_some(name.as_str())).await?;
+        }
         Ok(())
     }
 }

@@ -60,6 +60,13 @@ pub struct ExposerConfig {
     /// The agent's own tolerations (its DaemonSet's): the holding pods get them, except
     /// toleration of cordoned nodes (see [`crate::holder_tolerations`]). Empty: none.
     pub agent_tolerations: Vec<Toleration>,
+    /// Keep the physical snapshot of each completed block backup (its VolumeSnapshotContent
+    /// set to `Retain`, labelled [`crate::KEPT_BASE_LABEL`]) as the base of the next backup's
+    /// changed-block delta, until a newer backup of the same PVC completes or the backup is
+    /// deleted. Costs the storage one snapshot per block PVC between backups. `Some(default)`
+    /// where a source PVC's [`crate::KEEP_BASE_ANNOTATION`] does not say; `None` (changed-block
+    /// tracking off): never. Default `Some(false)`.
+    pub keep_base_snapshot: Option<bool>,
 }
 
 /// Why the node-agent ConfigMap cannot configure the exposers.
@@ -124,6 +131,7 @@ impl ExposerConfig {
             pod_labels: BTreeMap::new(),
             pod_annotations: BTreeMap::new(),
             agent_tolerations: Vec::new(),
+            keep_base_snapshot: Some(false),
         }
     }
 

@@ -32,6 +32,7 @@
 mod backup;
 mod config;
 mod error;
+mod kept;
 mod kubelet;
 mod mount;
 mod objects;
@@ -49,6 +50,9 @@ mod wait;
 pub use backup::CsiBackupExposer;
 pub use config::{ExposerConfig, ExposerConfigError};
 pub use error::ExposeError;
+pub use kept::{
+    KEEP_BASE_ANNOTATION, KEPT_BASE_LABEL, release_kept_base, release_orphaned_kept_bases,
+};
 pub use kubelet::{find_volume, pod_volume_path};
 pub use placement::LoadAffinity;
 pub use quantity::QuantityError;

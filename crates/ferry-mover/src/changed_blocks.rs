@@ -1,6 +1,8 @@
 //! Which ranges a block backup reads: asked of the CSI driver's SnapshotMetadata service
-//! (changed-block tracking) when it has one, else the whole device; the path taken and the
-//! reason for a fallback are reported with the outcome.
+//! (changed-block tracking) when it has one, else the whole device. The chain is delta (the
+//! ranges changed since the parent's physical snapshot, kept for this) → allocated (the
+//! snapshot's allocated ranges) → the whole device (Ferry's own hole and zero detection); the
+//! path taken and the reason for every fallback are reported with the outcome.
 
 use std::fmt::Write as _;
 
@@ -28,6 +30,17 @@ impl std::fmt::Debug for ChangedBlocks {
     }
 }
 
+/// What the parent of a block backup offers as the base of a delta.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Base<'a> {
+    /// No parent: a first backup.
+    None,
+    /// A parent whose physical snapshot was not kept.
+    NotKept,
+    /// A parent whose physical snapshot, with this CSI handle, was kept for the next delta.
+    Kept(&'a str),
+}
+
 impl ChangedBlocks {
     /// Changed-block tracking with tokens of `account`, requested with `client` (which needs
     /// `create` on that account's `serviceaccounts/token` and `get` on
@@ -45,31 +58,56 @@ impl ChangedBlocks {
         self
     }
 
-    /// The allocated ranges of `snapshot`, or why they cannot be had.
-    async fn allocated(
-        &self,
-        snapshot: &CsiSnapshot,
-        cancel: &CancellationToken,
-    ) -> Result<BlockMap, CbtError> {
-        let service = Service::discover(self.client.clone(), &snapshot.driver).await?;
+    /// A connection to the SnapshotMetadata service of `driver`.
+    async fn connect(&self, driver: &str) -> Result<Connection, CbtError> {
+        let service = Service::discover(self.client.clone(), driver).await?;
         let mut tokens = Tokens::new(self.client.clone(), self.account.clone(), &service.audience);
         if let Some((name, uid)) = &self.pod {
             tokens = tokens.bound_to_pod(name, uid.as_deref());
         }
         let channel = service.connect().await?;
-        Connection::new(channel, tokens, self.retry)
-            .allocated(&snapshot.namespace, &snapshot.name, cancel)
-            .await
+        Ok(Connection::new(channel, tokens, self.retry))
     }
 
     /// The plan for a backup of the volume exposed from `snapshot` (`None` when the exposer
-    /// did not say).
+    /// did not say), whose parent offers `base`.
     ///
     /// # Errors
-    /// Only cancellation: every other failure is a fallback to reading the whole volume.
+    /// Only cancellation: every other failure is a fallback, down to reading the whole volume.
     pub(crate) async fn plan(
         &self,
         snapshot: Option<&CsiSnapshot>,
+        base: Base<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<Planned, Cancelled> {
+        self.plan_after(snapshot, base, Vec::new(), cancel).await
+    }
+
+    /// The next plan after the repository refused `planned`'s ranges (`reason`) before
+    /// reading anything: a refused delta is followed by the allocated ranges, anything else
+    /// by the whole device.
+    ///
+    /// # Errors
+    /// Only cancellation.
+    pub(crate) async fn after_refusal(
+        &self,
+        snapshot: Option<&CsiSnapshot>,
+        planned: &Planned,
+        reason: &str,
+        cancel: &CancellationToken,
+    ) -> Result<Planned, Cancelled> {
+        if !planned.is_delta() {
+            return Ok(planned.refused(reason));
+        }
+        tracing::warn!(%reason, "the changed-block delta was refused; asking for the allocated ranges");
+        self.plan_after(snapshot, Base::None, planned.refusals(reason), cancel).await
+    }
+
+    async fn plan_after(
+        &self,
+        snapshot: Option<&CsiSnapshot>,
+        base: Base<'_>,
+        mut fallbacks: Vec<(&'static str, String)>,
         cancel: &CancellationToken,
     ) -> Result<Planned, Cancelled> {
         let Some(snapshot) = snapshot else {
@@ -78,28 +116,82 @@ impl ChangedBlocks {
                 "the exposer did not say which CSI snapshot the volume was made from".into(),
             ));
         };
-        match self.allocated(snapshot, cancel).await {
-            Ok(map) => Ok(Planned::allocated(snapshot, map)),
-            Err(e) => match e.reason() {
-                None => Err(Cancelled),
-                Some(reason) => {
-                    tracing::info!(
-                        snapshot = %format!("{}/{}", snapshot.namespace, snapshot.name),
-                        driver = %snapshot.driver,
-                        reason = reason.as_str(),
-                        error = %e,
-                        "changed-block tracking not used; reading the whole volume"
-                    );
-                    Ok(Planned::whole(reason.as_str(), e.to_string()))
-                }
-            },
+        if base == Base::NotKept {
+            fallbacks.push((
+                "base-not-kept",
+                "no delta: the previous backup's snapshot was not kept (the agent's \
+                 --keep-base-snapshot, or the PVC's ferry.io/keep-base-snapshot annotation)"
+                    .to_owned(),
+            ));
+        }
+        let connection = match self.connect(&snapshot.driver).await {
+            Ok(c) => c,
+            Err(e) => {
+                return fallen(snapshot, "connecting", &e, fallbacks).map(Planned::whole_after);
+            }
+        };
+        if let Base::Kept(handle) = base {
+            match connection.delta(&snapshot.namespace, handle, &snapshot.name, cancel).await {
+                Ok(map) => return Ok(Planned::ranges(snapshot, map, Path::Delta, fallbacks)),
+                Err(e) => fallbacks = fallen(snapshot, "delta", &e, fallbacks)?,
+            }
+        }
+        match connection.allocated(&snapshot.namespace, &snapshot.name, cancel).await {
+            Ok(map) => Ok(Planned::ranges(snapshot, map, Path::Allocated, fallbacks)),
+            Err(e) => fallen(snapshot, "allocated", &e, fallbacks).map(Planned::whole_after),
         }
     }
+}
+
+/// `fallbacks` with the failure `e` of step `step` added (logged), or the cancellation.
+fn fallen(
+    snapshot: &CsiSnapshot,
+    step: &str,
+    e: &CbtError,
+    mut fallbacks: Vec<(&'static str, String)>,
+) -> Result<Vec<(&'static str, String)>, Cancelled> {
+    let reason = e.reason().ok_or(Cancelled)?;
+    tracing::info!(
+        snapshot = %format!("{}/{}", snapshot.namespace, snapshot.name),
+        driver = %snapshot.driver,
+        step,
+        reason = reason.as_str(),
+        error = %e,
+        "changed-block tracking fell back"
+    );
+    let what = match step {
+        "delta" => "no delta from the parent's snapshot",
+        "allocated" => "no allocated ranges",
+        _ => "no changed-block tracking",
+    };
+    fallbacks.push((reason.as_str(), format!("{what}: {e}")));
+    Ok(fallbacks)
 }
 
 /// The backup was cancelled while the plan was asked for.
 #[derive(Debug)]
 pub(crate) struct Cancelled;
+
+/// The path a block backup took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// The ranges changed since the parent's snapshot; the rest from the parent.
+    Delta,
+    /// The snapshot's allocated ranges.
+    Allocated,
+    /// The whole device.
+    Full,
+}
+
+impl Path {
+    const fn as_str(self) -> &'static str {
+        match self {
+            Self::Delta => "delta",
+            Self::Allocated => "allocated",
+            Self::Full => "full",
+        }
+    }
+}
 
 /// What a block backup will read, and how it came to that.
 #[derive(Debug, Clone)]
@@ -108,11 +200,11 @@ pub(crate) struct Planned {
     pub read_plan: ReadPlan,
     /// The volume size the ranges describe.
     pub plan_size: Option<u64>,
-    path: &'static str,
+    path: Path,
     /// The driver and the bytes its ranges cover (changed-block tracking used).
     ranges: Option<(String, u64)>,
-    /// Why not (a fallback): the metric's label and the full reason.
-    fallback: Option<(&'static str, String)>,
+    /// Every fallback on the way, in order: the metric's label and the full reason.
+    fallbacks: Vec<(&'static str, String)>,
 }
 
 impl Planned {
@@ -127,24 +219,36 @@ impl Planned {
     }
 
     fn whole(label: &'static str, reason: String) -> Self {
+        Self::whole_after(vec![(label, reason)])
+    }
+
+    fn whole_after(fallbacks: Vec<(&'static str, String)>) -> Self {
         Self {
             read_plan: ReadPlan::Everything,
             plan_size: None,
-            path: "full",
+            path: Path::Full,
             ranges: None,
-            fallback: Some((label, reason)),
+            fallbacks,
         }
     }
 
-    fn allocated(snapshot: &CsiSnapshot, map: BlockMap) -> Self {
+    fn ranges(
+        snapshot: &CsiSnapshot,
+        map: BlockMap,
+        path: Path,
+        fallbacks: Vec<(&'static str, String)>,
+    ) -> Self {
         let bytes = map.bytes();
         let ranges = map.ranges.iter().map(|r| (r.offset, r.len)).collect();
         Self {
-            read_plan: ReadPlan::Only(ranges),
+            read_plan: match path {
+                Path::Delta => ReadPlan::ChangedSinceParent(ranges),
+                _ => ReadPlan::Only(ranges),
+            },
             plan_size: map.capacity,
-            path: "allocated",
+            path,
             ranges: Some((snapshot.driver.clone(), bytes)),
-            fallback: None,
+            fallbacks,
         }
     }
 
@@ -153,31 +257,49 @@ impl Planned {
         self.read_plan != ReadPlan::Everything
     }
 
+    /// Whether the plan takes unchanged chunks from the parent.
+    pub(crate) const fn is_delta(&self) -> bool {
+        matches!(self.path, Path::Delta)
+    }
+
     /// The whole device after all: the repository refused the ranges (`reason`) before
     /// reading anything.
     pub(crate) fn refused(&self, reason: &str) -> Self {
-        tracing::warn!(%reason, "the changed-block ranges do not fit the volume; reading the whole volume");
-        Self::whole("untrusted", format!("the service's ranges do not fit the volume: {reason}"))
+        tracing::warn!(%reason, path = self.path.as_str(), "the changed-block ranges do not fit the volume or its parent; reading the whole volume");
+        Self::whole_after(self.refusals(reason))
+    }
+
+    /// The fallbacks so far and the repository's refusal of these ranges.
+    fn refusals(&self, reason: &str) -> Vec<(&'static str, String)> {
+        let mut fallbacks = self.fallbacks.clone();
+        fallbacks.push((
+            "untrusted",
+            format!("the service's {} ranges were refused: {reason}", self.path.as_str()),
+        ));
+        fallbacks
     }
 
     /// What a backup that read `bytes_read` of a `size`-byte volume did, in words, for the
     /// outcome.
     pub(crate) fn report(&self, bytes_read: u64, size: u64) -> BlockReads {
-        let mut note = match &self.ranges {
-            Some((driver, bytes)) => format!(
-                "read {} bytes of a {}-byte block volume: the snapshot's allocated ranges ({bytes} bytes), \
-                 from the changed-block tracking of CSI driver {driver}",
-                bytes_read, size
+        let mut note = format!("read {bytes_read} bytes of a {size}-byte block volume: ");
+        let _ = match (&self.ranges, self.path) {
+            (Some((driver, bytes)), Path::Delta) => write!(
+                note,
+                "the ranges changed since the parent's snapshot ({bytes} bytes), from the \
+                 changed-block tracking of CSI driver {driver}; the rest taken from the parent"
             ),
-            None => format!(
-                "read {} bytes of a {}-byte block volume: the whole device (holes and zeros found by Ferry)",
-                bytes_read, size
+            (Some((driver, bytes)), _) => write!(
+                note,
+                "the snapshot's allocated ranges ({bytes} bytes), from the changed-block \
+                 tracking of CSI driver {driver}"
             ),
+            (None, _) => write!(note, "the whole device (holes and zeros found by Ferry)"),
         };
-        if let Some((_, reason)) = &self.fallback {
-            let _ = write!(note, "; changed-block tracking not used: {reason}");
+        for (_, reason) in &self.fallbacks {
+            let _ = write!(note, "; {reason}");
         }
-        BlockReads { path: self.path, fallback: self.fallback.as_ref().map(|f| f.0), note }
+        BlockReads { path: self.path.as_str(), fallback: self.fallbacks.last().map(|f| f.0), note }
     }
 }
 
@@ -193,6 +315,7 @@ mod tests {
             name: "du-1".into(),
             driver: "hostpath.csi.k8s.io".into(),
             handle: "h-1".into(),
+            kept: false,
         }
     }
 
@@ -203,7 +326,7 @@ mod tests {
             block_type: Some(BlockType::FixedLength),
             ranges: vec![Range { offset: 0, len: 4096 }, Range { offset: 1 << 20, len: 8192 }],
         };
-        let planned = Planned::allocated(&snapshot(), map);
+        let planned = Planned::ranges(&snapshot(), map, Path::Allocated, Vec::new());
         assert_eq!(planned.read_plan, ReadPlan::Only(vec![(0, 4096), (1 << 20, 8192)]));
         assert_eq!(planned.plan_size, Some(64 << 20));
         assert!(planned.by_ranges());
@@ -222,10 +345,48 @@ mod tests {
         assert!(reads.note.contains("is off for this agent"), "{}", reads.note);
 
         let map = BlockMap { capacity: None, block_type: None, ranges: Vec::new() };
-        let refused = Planned::allocated(&snapshot(), map).refused("too small");
+        let refused =
+            Planned::ranges(&snapshot(), map, Path::Allocated, Vec::new()).refused("too small");
         assert_eq!(refused.read_plan, ReadPlan::Everything);
         let reads = refused.report(64 << 20, 64 << 20);
         assert_eq!((reads.path, reads.fallback), ("full", Some("untrusted")));
         assert!(reads.note.contains("too small"), "{}", reads.note);
+    }
+
+    #[test]
+    fn a_delta_takes_the_rest_from_the_parent_and_a_fallback_says_every_reason() {
+        let map = BlockMap {
+            capacity: Some(64 << 20),
+            block_type: Some(BlockType::FixedLength),
+            ranges: vec![Range { offset: 8192, len: 4096 }],
+        };
+        let delta = Planned::ranges(&snapshot(), map.clone(), Path::Delta, Vec::new());
+        assert_eq!(delta.read_plan, ReadPlan::ChangedSinceParent(vec![(8192, 4096)]));
+        assert!(delta.is_delta() && delta.by_ranges());
+        let reads = delta.report(4096, 64 << 20);
+        assert_eq!((reads.path, reads.fallback), ("delta", None));
+        assert!(
+            reads.note.contains("changed since the parent's snapshot (4096 bytes)"),
+            "{}",
+            reads.note
+        );
+
+        // The base was gone: allocated ranges, saying why not the delta.
+        let gone =
+            vec![("snapshot-not-found", "no delta from the parent's snapshot: gone".to_owned())];
+        let allocated = Planned::ranges(&snapshot(), map, Path::Allocated, gone);
+        assert!(!allocated.is_delta());
+        let reads = allocated.report(4096, 64 << 20);
+        assert_eq!((reads.path, reads.fallback), ("allocated", Some("snapshot-not-found")));
+        assert!(
+            reads.note.ends_with("no delta from the parent's snapshot: gone"),
+            "{}",
+            reads.note
+        );
+
+        // Then the ranges were refused as well: the last reason labels the metric, both are told.
+        let reads = allocated.refused("too small").report(64 << 20, 64 << 20);
+        assert_eq!((reads.path, reads.fallback), ("full", Some("untrusted")));
+        assert!(reads.note.contains("gone") && reads.note.contains("too small"), "{}", reads.note);
     }
 }

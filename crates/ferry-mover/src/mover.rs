@@ -21,12 +21,16 @@ use ferry_repo::{
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::changed_blocks::{ChangedBlocks, Planned};
+use crate::changed_blocks::{Base, ChangedBlocks, Planned};
 use crate::{InUse, MoverError, RepositorySource};
 
 /// The tag holding, on a block volume's snapshot, the handle of the CSI snapshot it was read
 /// from: the base a later backup asks the changed blocks since.
 pub const CSI_SNAPSHOT_HANDLE_TAG: &str = "ferry.io/csi-snapshot-handle";
+
+/// The tag saying that physical snapshot was kept after the backup, as the base of the next
+/// backup's delta (`true`).
+pub const CSI_SNAPSHOT_KEPT_TAG: &str = "ferry.io/csi-snapshot-kept";
 
 /// The tag holding the DataUpload's name on each snapshot.
 pub const DATA_UPLOAD_TAG: &str = "ferry.io/data-upload";
@@ -209,13 +213,14 @@ fn source_of(du: &DataUpload) -> String {
     format!("{}/{}", du.spec.source_namespace, du.spec.source_pvc)
 }
 
-/// The newest snapshot of the same source and kind: the parent of an incremental backup.
+/// The newest snapshot of the same source and kind (with its tags): the parent of an
+/// incremental backup.
 async fn parent_of(
     repo: &Repository,
     source: &str,
     kind: SnapshotKind,
     cancel: &CancellationToken,
-) -> Result<Option<SnapshotId>, RepoError> {
+) -> Result<Option<(SnapshotId, Vec<(String, String)>)>, RepoError> {
     // A damaged manifest (another volume's, or an old one) must not stop every backup into
     // the repository: it is only not a parent candidate.
     let (snapshots, damaged) = repo.readable_snapshots(cancel).await?;
@@ -226,7 +231,17 @@ async fn parent_of(
         .into_iter()
         .filter(|(_, s)| s.source == source && s.kind().ok() == Some(kind))
         .max_by_key(|(_, s)| s.time)
-        .map(|(id, _)| id))
+        .map(|(id, s)| (id, s.tags)))
+}
+
+/// What the parent (with `tags`) offers a delta: its physical snapshot, if it was kept.
+fn base_of(parent: Option<&[(String, String)]>) -> Base<'_> {
+    let Some(tags) = parent else { return Base::None };
+    let tag = |key: &str| tags.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+    match (tag(CSI_SNAPSHOT_HANDLE_TAG), tag(CSI_SNAPSHOT_KEPT_TAG)) {
+        (Some(handle), Some("true")) if !handle.is_empty() => Base::Kept(handle),
+        _ => Base::NotKept,
+    }
 }
 
 #[async_trait]
@@ -246,9 +261,10 @@ impl DataMover for RepoMover {
             VolumeMode::Filesystem => SnapshotKind::Tree,
             VolumeMode::Block => SnapshotKind::Volume,
         };
-        let parent = parent_of(&repo, &source, kind, &cancel)
+        let found = parent_of(&repo, &source, kind, &cancel)
             .await
             .map_err(|e| work_error("finding the previous backup", &location, e))?;
+        let parent = found.as_ref().map(|(id, _)| *id);
         let mut tags = vec![(DATA_UPLOAD_TAG.to_owned(), du.name_any())];
         if let Some(backup) = du.labels().get(BACKUP_NAME_LABEL) {
             tags.push((BACKUP_NAME_LABEL.to_owned(), backup.clone()));
@@ -267,15 +283,20 @@ impl DataMover for RepoMover {
                 (s.snapshot_id, s.bytes_total, s.bytes_new)
             }
             VolumeMode::Block => {
+                let base = base_of(found.as_ref().map(|(_, tags)| tags.as_slice()));
                 let planned = match &self.changed_blocks {
                     Some(cb) => cb
-                        .plan(volume.snapshot.as_ref(), &cancel)
+                        .plan(volume.snapshot.as_ref(), base, &cancel)
                         .await
                         .map_err(|_| WorkError::Canceled)?,
                     None => Planned::off(),
                 };
                 if let Some(snapshot) = &volume.snapshot {
                     tags.push((CSI_SNAPSHOT_HANDLE_TAG.to_owned(), snapshot.handle.clone()));
+                    // The exposer keeps it once the backup completes.
+                    if snapshot.kept {
+                        tags.push((CSI_SNAPSHOT_KEPT_TAG.to_owned(), "true".to_owned()));
+                    }
                 }
                 let mut options = VolumeBackupOptions {
                     parent,
@@ -283,36 +304,41 @@ impl DataMover for RepoMover {
                     source,
                     hostname,
                     threads: self.threads(),
-                    read_plan: planned.read_plan.clone(),
-                    plan_size: planned.plan_size,
                     ..Default::default()
                 };
-                let (s, planned) = match backup_volume_at(
-                    &repo,
-                    place(volume)?,
-                    &options,
-                    report.clone(),
-                    &cancel,
-                )
-                .await
-                {
-                    // Refused before anything was read: the whole device instead.
-                    Err(RepoError::InvalidInput { what: "read plan", reason })
-                        if planned.by_ranges() =>
-                    {
-                        let planned = planned.refused(&reason);
-                        options.read_plan = planned.read_plan.clone();
-                        options.plan_size = None;
-                        let s = backup_volume_at(&repo, place(volume)?, &options, report, &cancel)
-                            .await
-                            .map_err(|e| work_error("backing up the block volume", &location, e))?;
-                        (s, planned)
+                // At most three tries: delta, allocated, whole device; each ends the chain
+                // or moves down it.
+                let mut planned = planned;
+                let s = loop {
+                    options.read_plan = planned.read_plan.clone();
+                    options.plan_size = planned.plan_size;
+                    let report = report.clone();
+                    match backup_volume_at(&repo, place(volume)?, &options, report, &cancel).await {
+                        // Refused before the snapshot was saved: the next path down.
+                        Err(RepoError::InvalidInput { what, reason })
+                            if planned.by_ranges()
+                                && (what == "read plan"
+                                    || (what == "parent snapshot" && planned.is_delta())) =>
+                        {
+                            planned = match &self.changed_blocks {
+                                Some(cb) => cb
+                                    .after_refusal(
+                                        volume.snapshot.as_ref(),
+                                        &planned,
+                                        &reason,
+                                        &cancel,
+                                    )
+                                    .await
+                                    .map_err(|_| WorkError::Canceled)?,
+                                None => planned.refused(&reason),
+                            };
+                        }
+                        other => {
+                            break other.map_err(|e| {
+                                work_error("backing up the block volume", &location, e)
+                            })?;
+                        }
                     }
-                    other => (
-                        other
-                            .map_err(|e| work_error("backing up the block volume", &location, e))?,
-                        planned,
-                    ),
                 };
                 block_reads = Some(planned.report(s.bytes_read, s.size));
                 (s.snapshot_id, s.size, s.bytes_new)
@@ -421,7 +447,7 @@ mod tests {
         assert!(repo.snapshots(&cancel).await.is_err(), "the damage is seen");
 
         let parent = parent_of(&repo, "ns/a", SnapshotKind::Tree, &cancel).await.unwrap();
-        assert_eq!(parent, Some(ids[0]));
+        assert_eq!(parent.map(|(id, _)| id), Some(ids[0]));
         let none = parent_of(&repo, "ns/b", SnapshotKind::Tree, &cancel).await.unwrap();
         assert_eq!(none, None, "the damaged one is no parent");
     }

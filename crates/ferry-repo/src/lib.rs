@@ -68,5 +68,5 @@ pub use restore::{
 pub use volume::{
     DEFAULT_VOLUME_CHUNK, DEFAULT_VOLUME_LEVEL, MAX_VOLUME_CHUNK, ReadPlan, VolumeBackupOptions,
     VolumeBackupSummary, VolumeMap, VolumeRestoreOptions, VolumeRestoreSummary, backup_volume,
-    backup_volume_at, restore_volume, restore_volume_at,
+    backup_volume_at, default_delta_check, restore_volume, restore_volume_at,
 };

@@ -445,23 +445,14 @@ async fn changed_ranges_are_all_a_backup_reads_and_the_restore_is_whole() -> Tes
     let options = VolumeBackupOptions {
         parent: Some(first.snapshot_id),
         read_plan: ReadPlan::ChangedSinceParent(changed.clone()),
+        verify_unchanged: Some(0),
         ..VolumeBackupOptions::default()
     };
     let second = backup_volume(&repo, &image, &options, None, &cancel).await?;
     assert_eq!(second.bytes_read, 3 * CHUNK, "three chunks changed: {second:?}");
     assert_eq!(second.bytes_from_parent, 9 * MIB - 2 * CHUNK, "{second:?}");
     assert_eq!(second.bytes_data, 9 * MIB + CHUNK, "{second:?}");
-    let out = tmp.path().join("restored.img");
-    restore_volume(
-        &repo,
-        &second.snapshot_id,
-        &out,
-        &VolumeRestoreOptions::default(),
-        None,
-        &cancel,
-    )
-    .await?;
-    assert!(std::fs::read(&image)? == std::fs::read(&out)?, "the restored volume differs");
+    restores_bit_for_bit(&repo, &second, &image).await?;
 
     // A parent of another size cannot lend its chunks: refused, nothing saved.
     f.set_len(65 * MIB)?;
@@ -494,5 +485,70 @@ async fn changed_ranges_are_all_a_backup_reads_and_the_restore_is_whole() -> Tes
         .await
         .expect_err("changed ranges without a parent were taken");
     assert!(matches!(err, RepoError::InvalidInput { .. }), "{err}");
+    Ok(())
+}
+
+/// A delta that leaves out a change: the unchanged chunks read to check it (all of them here)
+/// catch the difference, and nothing is saved; by default a sample is read (8 chunks on a small
+/// volume) and a complete delta passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_that_leaves_out_a_change_is_refused() -> TestResult {
+    const CHUNK: u64 = 256 << 10;
+    let cancel = CancellationToken::new();
+    let tmp = tempfile::tempdir()?;
+    let repo = repo_in(tmp.path()).await;
+    let image = tmp.path().join("volume.img");
+    let f = std::fs::File::create(&image)?;
+    f.set_len(64 * MIB)?;
+    f.write_all_at(&noise(8 << 20, 1), 4 * MIB)?;
+    f.sync_all()?;
+    let first =
+        backup_volume(&repo, &image, &VolumeBackupOptions::default(), None, &cancel).await?;
+
+    f.write_all_at(&noise(4096, 2), 5 * MIB)?;
+    f.write_all_at(&noise(4096, 3), 50 * MIB)?;
+    f.sync_all()?;
+    let before = repo.snapshots(&cancel).await?.len();
+    // The change at 50 MiB left out.
+    let partial = VolumeBackupOptions {
+        parent: Some(first.snapshot_id),
+        read_plan: ReadPlan::ChangedSinceParent(vec![(5 * MIB, 4096)]),
+        verify_unchanged: Some(u64::MAX),
+        ..VolumeBackupOptions::default()
+    };
+    let err = backup_volume(&repo, &image, &partial, None, &cancel)
+        .await
+        .expect_err("an incomplete delta was taken");
+    assert!(
+        matches!(&err, RepoError::InvalidInput { what: "read plan", reason }
+            if reason.contains(&format!("offset {}", 50 * MIB)) && reason.contains("incomplete")),
+        "{err}"
+    );
+    assert_eq!(repo.snapshots(&cancel).await?.len(), before, "nothing saved");
+
+    // The complete delta, with the default check: 2 changed chunks and 8 sampled ones read.
+    let complete = VolumeBackupOptions {
+        read_plan: ReadPlan::ChangedSinceParent(vec![(5 * MIB, 4096), (50 * MIB, 4096)]),
+        verify_unchanged: None,
+        ..partial
+    };
+    let second = backup_volume(&repo, &image, &complete, None, &cancel).await?;
+    assert_eq!(second.bytes_read, 10 * CHUNK, "{second:?}");
+    restores_bit_for_bit(&repo, &second, &image).await?;
+    Ok(())
+}
+
+/// Restores `backup` next to `image` and compares the two.
+async fn restores_bit_for_bit(
+    repo: &ferry_repo::Repository,
+    backup: &ferry_repo::VolumeBackupSummary,
+    image: &std::path::Path,
+) -> TestResult {
+    let out = image.with_extension("restored");
+    let options = VolumeRestoreOptions::default();
+    let cancel = CancellationToken::new();
+    restore_volume(repo, &backup.snapshot_id, &out, &options, None, &cancel).await?;
+    assert!(std::fs::read(image)? == std::fs::read(&out)?, "the restored volume differs");
+    std::fs::remove_file(&out)?;
     Ok(())
 }

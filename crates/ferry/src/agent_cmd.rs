@@ -111,6 +111,15 @@ pub struct AgentArgs {
     /// are of the agent's own service account, bound to its pod (`--pod-name`).
     #[arg(long, value_enum, default_value_t = ChangedBlocksMode::Auto)]
     pub changed_blocks: ChangedBlocksMode,
+    /// Keep each completed block backup's physical snapshot (its VolumeSnapshotContent set to
+    /// `Retain`, labelled `ferry.io/kept-base=true`) so the next backup of the PVC asks the
+    /// driver only for the blocks changed since (a delta) instead of reading every allocated
+    /// range. Costs the storage one snapshot per block PVC between backups; it is released
+    /// when a newer backup of the PVC completes or the backup is deleted. A source PVC's
+    /// annotation `ferry.io/keep-base-snapshot: "true"` or `"false"` overrides this for its
+    /// backups. Nothing is kept with `--changed-blocks off`.
+    #[arg(long, env = "FERRY_KEEP_BASE_SNAPSHOT")]
+    pub keep_base_snapshot: bool,
 }
 
 /// Whether block backups use changed-block tracking (see [`AgentArgs::changed_blocks`]).
@@ -251,6 +260,8 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     exposer.agent_tolerations =
         pod.as_ref().and_then(|p| p.spec.as_ref()?.tolerations.clone()).unwrap_or_default();
     let changed_blocks = changed_blocks(&client, args, pod.as_ref());
+    // A base is kept only for changed-block tracking's deltas.
+    exposer.keep_base_snapshot = changed_blocks.is_some().then_some(args.keep_base_snapshot);
     let mut concurrency = args.concurrency;
     let mut prepare_queue_length = args.prepare_queue_length.map(|n| n as usize);
     if let Some(name) = &args.config_map {
@@ -294,6 +305,7 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     // reclaim loop below sees its deletion however soon it comes.
     config.completed_upload_finalizer = Some(ferry_mover::upload_finalizer::FINALIZER.to_owned());
     let client_for_deletions = client.clone();
+    let client_for_bases = client.clone();
     let location_events = ferry_mover::space::LocationEvents::new(
         client.clone(),
         args.namespace.clone(),
@@ -330,6 +342,12 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
         args.deletion_interval,
         cancel.clone(),
     ));
+    let kept_bases = tokio::spawn(release_orphaned_bases(
+        client_for_bases,
+        args.namespace.clone(),
+        args.deletion_interval,
+        cancel.clone(),
+    ));
     let ready = Arc::new(AtomicBool::new(true));
     let server_stop = CancellationToken::new();
     let server = tokio::spawn(crate::serve::serve(
@@ -362,7 +380,26 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     server_stop.cancel();
     deletions.abort();
     reclaims.abort();
+    kept_bases.abort();
     served
+}
+
+/// Releases, every `interval`, the kept base snapshots whose backup was deleted.
+async fn release_orphaned_bases(
+    client: kube::Client,
+    namespace: String,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        if let Err(e) = ferry_expose::release_orphaned_kept_bases(&client, &namespace).await {
+            tracing::warn!(error = %e, "releasing the kept base snapshots of deleted backups failed; will retry");
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
 }
 
 /// Waits until stopped: the holding pods' only job is to keep a volume attached and mounted.

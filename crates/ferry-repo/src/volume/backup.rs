@@ -197,6 +197,13 @@ async fn backup_volume_leased(
     let mut plan =
         super::plan::plan(&options.read_plan, volume.size, chunk_size, parent_map.as_ref())
             .map_err(|reason| RepoError::InvalidInput { what: "read plan", reason })?;
+    if matches!(options.read_plan, ReadPlan::ChangedSinceParent(_)) {
+        let bytes = options
+            .verify_unchanged
+            .unwrap_or_else(|| super::default_delta_check(volume.size, options.chunk_size));
+        let count = usize::try_from(bytes.div_ceil(chunk_size)).unwrap_or(usize::MAX);
+        super::plan::sample_unchanged(&mut plan, count, rand::random::<u32>() as usize);
+    }
     // A chunk taken from the parent unread must still be stored: the snapshot would otherwise
     // name data the repository does not hold.
     if let Some(missing) = plan.slots.iter().flatten().find(|id| !index.contains(id)) {
@@ -389,7 +396,7 @@ fn read_segments(shared: &Shared, mut packer: LocalPacker) -> RepoResult<()> {
         let (start, end) = (first * chunk, (last * chunk).min(size));
         let segment_bytes = SEGMENT_CHUNKS * chunk;
         if shared.plan.read.is_some() {
-            if !(first..last).any(|i| shared.plan.reads(i)) {
+            if !(first..last).any(|i| shared.plan.reads(i) || shared.plan.verify.contains_key(&i)) {
                 skip_unread(shared, end - start);
                 continue;
             }
@@ -425,6 +432,9 @@ fn read_segments(shared: &Shared, mut packer: LocalPacker) -> RepoResult<()> {
             let offset = i * chunk;
             let len = chunk.min(size - offset);
             if !shared.plan.reads(i) {
+                if let Some(expected) = shared.plan.verify.get(&i) {
+                    check_unchanged(shared, &mut buf, offset, len, *expected)?;
+                }
                 skip_unread(shared, len);
                 continue;
             }
@@ -464,6 +474,32 @@ fn read_segments(shared: &Shared, mut packer: LocalPacker) -> RepoResult<()> {
             }
         }
     }
+}
+
+/// Reads the chunk at `offset`, which the changed ranges say is unchanged, and compares it
+/// with what the parent holds there (`expected`; `None`: zeros).
+fn check_unchanged(
+    shared: &Shared,
+    buf: &mut [u8],
+    offset: u64,
+    len: u64,
+    expected: Option<BlobId>,
+) -> RepoResult<()> {
+    let bytes = &mut buf[..usize::try_from(len).unwrap_or(0)];
+    read_exact_at(&shared.volume.file, bytes, offset)
+        .map_err(|e| RepoError::io("read volume", shared.path.clone(), e))?;
+    shared.progress.bytes_read.fetch_add(len, Ordering::Relaxed);
+    let found = (!is_zero(bytes)).then(|| shared.repo.keys().blob_id(bytes));
+    if found == expected {
+        return Ok(());
+    }
+    Err(RepoError::InvalidInput {
+        what: "read plan",
+        reason: format!(
+            "the {len} bytes at offset {offset} differ from the parent snapshot's, yet the \
+             changed ranges leave them out: the ranges are incomplete"
+        ),
+    })
 }
 
 /// Counts `len` bytes the plan leaves unread as done (and as skipped when they are gaps).

@@ -61,6 +61,21 @@ pub struct VolumeBackupOptions {
     /// The size of the volume the plan's ranges describe, when the storage system said it: a
     /// volume of another size refuses the plan (its ranges are then about something else).
     pub plan_size: Option<u64>,
+    /// With [`ReadPlan::ChangedSinceParent`]: how many bytes of the chunks the ranges leave
+    /// unchanged are read anyway (chosen evenly from a random start) and compared with the
+    /// parent's, to catch a delta that left out a change; `None` takes
+    /// [`default_delta_check`]. A difference fails the backup as an `InvalidInput` read plan
+    /// before the snapshot is written.
+    pub verify_unchanged: Option<u64>,
+}
+
+/// The bytes of unchanged chunks a changed-ranges backup of a `size`-byte volume reads to
+/// check the ranges: 1/512 of the volume, at least 8 chunks' worth, at most 256 MiB. A
+/// delta that left out `k` changed chunks of the `n` unchanged ones goes unnoticed with a
+/// probability of about `(1 - s/n)^k`, for `s` sampled chunks.
+#[must_use]
+pub fn default_delta_check(size: u64, chunk_size: u32) -> u64 {
+    (size / 512).max(8 * u64::from(chunk_size)).min(256 << 20)
 }
 
 /// Which parts of a volume a backup reads. The ranges, `(offset, len)` in bytes, must be
@@ -94,6 +109,7 @@ impl Default for VolumeBackupOptions {
             chunk_size: DEFAULT_VOLUME_CHUNK,
             read_plan: ReadPlan::Everything,
             plan_size: None,
+            verify_unchanged: None,
         }
     }
 }

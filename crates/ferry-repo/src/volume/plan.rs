@@ -1,6 +1,8 @@
 //! A [`ReadPlan`] turned into per-chunk decisions: which chunks to read, and which to take
 //! from the parent snapshot unread.
 
+use std::collections::BTreeMap;
+
 use crate::format::BlobId;
 use crate::volume::{ReadPlan, VolumeMap};
 
@@ -13,6 +15,9 @@ pub(super) struct Plan {
     pub slots: Vec<Option<BlobId>>,
     /// Bytes of the chunks taken from the parent.
     pub from_parent: u64,
+    /// Chunks left unread that are read anyway to check the changed ranges: chunk index →
+    /// what the parent holds there (`None`: zeros). Empty unless [`sample_unchanged`] chose.
+    pub verify: BTreeMap<u64, Option<BlobId>>,
 }
 
 impl Plan {
@@ -61,7 +66,8 @@ pub(super) fn plan(
     parent: Option<&VolumeMap>,
 ) -> Result<Plan, String> {
     let slots = usize::try_from(size.div_ceil(chunk)).map_err(|_| "the volume is too large")?;
-    let mut plan = Plan { read: None, slots: vec![None; slots], from_parent: 0 };
+    let mut plan =
+        Plan { read: None, slots: vec![None; slots], from_parent: 0, verify: BTreeMap::new() };
     let ranges = match read_plan {
         ReadPlan::Everything => return Ok(plan),
         ReadPlan::Only(ranges) => {
@@ -93,6 +99,22 @@ pub(super) fn plan(
     }
     plan.read = Some(read);
     Ok(plan)
+}
+
+/// Chooses up to `count` of the chunks a changed-ranges plan takes from the parent (or as
+/// zeros) unread, spread evenly from a `seed`-chosen start, to be read and compared with what
+/// the parent holds: a delta that left out a changed chunk among them is caught.
+pub(super) fn sample_unchanged(plan: &mut Plan, count: usize, seed: usize) {
+    let Some(read) = &plan.read else { return };
+    let unread: Vec<usize> =
+        read.iter().enumerate().filter(|(_, r)| !**r).map(|(i, _)| i).collect();
+    if count == 0 || unread.is_empty() {
+        return;
+    }
+    let stride = (unread.len() / count.min(unread.len())).max(1);
+    for &i in unread.iter().skip(seed % stride).step_by(stride).take(count) {
+        plan.verify.insert(i as u64, plan.slots[i]);
+    }
 }
 
 #[cfg(test)]
@@ -148,6 +170,25 @@ mod tests {
 
     fn parent_sparse() -> VolumeMap {
         parent(10 * K, &[(4 * K, 4096 * 4, 2)])
+    }
+
+    #[test]
+    fn the_sample_of_unchanged_chunks_is_spread_and_expects_the_parents() {
+        let parent = parent(16 * K, &[(0, 4096, 1), (4 * K, 4096, 2), (8 * K, 4096, 3)]);
+        let ranges = ReadPlan::ChangedSinceParent(vec![(4 * K, 10)]);
+        let mut p = plan(&ranges, 16 * K, K, Some(&parent)).unwrap();
+        sample_unchanged(&mut p, 3, 0);
+        // 15 unread chunks, every fifth from the first; chunk 4 is read, so never sampled.
+        let chosen: Vec<_> = p.verify.iter().map(|(i, e)| (*i, *e)).collect();
+        assert_eq!(chosen, vec![(0, Some(id(1))), (6, None), (11, None)]);
+        let mut all = plan(&ranges, 16 * K, K, Some(&parent)).unwrap();
+        sample_unchanged(&mut all, 100, 7);
+        assert_eq!(all.verify.len(), 15);
+        assert!(!all.verify.contains_key(&4));
+        assert_eq!(all.verify.get(&8), Some(&Some(id(3))));
+        let mut none = plan(&ReadPlan::Everything, 16 * K, K, None).unwrap();
+        sample_unchanged(&mut none, 3, 0);
+        assert!(none.verify.is_empty(), "a plan reading everything needs no sample");
     }
 
     #[test]

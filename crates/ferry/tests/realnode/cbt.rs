@@ -179,3 +179,201 @@ md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log",
     node::delete_pvc(&client, &ns, "disk").await?;
     Ok(())
 }
+
+/// The backup VolumeSnapshotContent of DataUpload `name`, once `done` accepts it (`None`: it
+/// is gone); fails with what was last seen after [`node::WAIT`].
+async fn content_when(
+    client: &kube::Client,
+    name: &str,
+    what: &str,
+    done: impl Fn(Option<&ferry_api::VolumeSnapshotContent>) -> bool,
+) -> Result<Option<ferry_api::VolumeSnapshotContent>, Box<dyn std::error::Error>> {
+    let contents: kube::Api<ferry_api::VolumeSnapshotContent> = kube::Api::all(client.clone());
+    let deadline = std::time::Instant::now() + node::WAIT;
+    loop {
+        let content = contents.get_opt(name).await?;
+        if done(content.as_ref()) {
+            return Ok(content);
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(
+                format!("content {name} not {what} after {:?}: {content:?}", node::WAIT).into()
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+/// Whether `content` is kept as a delta base: labelled, `Retain`, its VolumeSnapshot gone.
+fn is_kept(content: Option<&ferry_api::VolumeSnapshotContent>) -> bool {
+    use kube::ResourceExt;
+    content.is_some_and(|c| {
+        c.labels().get(ferry_expose::KEPT_BASE_LABEL).map(String::as_str) == Some("true")
+            && c.spec.deletion_policy == "Retain"
+    })
+}
+
+/// Snapshots `ns/disk`, backs it up as `backup` and waits for Completed.
+async fn back_up(
+    client: &kube::Client,
+    ns: &str,
+    backup: &str,
+) -> Result<ferry_api::DataUpload, Box<dyn std::error::Error>> {
+    let snapshot = node::snapshot(client, ns, "disk").await?;
+    let du = node::data_upload(client, ns, "disk", &snapshot, backup).await?;
+    node::wait_upload(client, &node::name_of(&du)).await
+}
+
+/// Restores `du` into a new namespace's block PVC; the restored device's MD5.
+async fn restored_md5(
+    node: &node::Node,
+    client: &kube::Client,
+    du: &ferry_api::DataUpload,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let target_ns = node.namespace("cbt-delta-restored").await?;
+    let dd =
+        node::data_download(client, &target_ns, "disk", "128Mi", "Block", du, "cbt-delta-restore")
+            .await?;
+    node::wait_download(client, &node::name_of(&dd)).await?;
+    let md5 = node::run_pod(
+        client,
+        &target_ns,
+        "disk",
+        true,
+        "md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log",
+    )
+    .await?;
+    node::delete_pvc(client, &target_ns, "disk").await?;
+    Ok(md5)
+}
+
+/// Writes `script` (a shell script on `/dev/volume`) to `ns/disk`; the device's MD5 after.
+async fn write(
+    client: &kube::Client,
+    ns: &str,
+    script: &str,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let script =
+        format!("set -e\n{script}\nmd5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log");
+    node::run_pod(client, ns, "disk", true, &script).await
+}
+
+/// With the PVC's `ferry.io/keep-base-snapshot: "true"`, each completed block backup keeps its
+/// physical snapshot (content `Retain`, labelled) and the next backup reads only the blocks
+/// the driver says changed since it (a delta), taking the rest from the parent; the older base
+/// is released (its physical snapshot deleted: the driver no longer knows the handle). A base
+/// gone by hand falls back to the allocated ranges, saying why; a deleted DataUpload's base is
+/// released. Every restore is bit for bit.
+#[tokio::test]
+async fn incrementals_read_only_what_changed_since_the_kept_base_snapshot() -> TestResult {
+    use kube::api::{Api, DeleteParams, Patch, PatchParams};
+
+    let node = node::node();
+    let _agent = node::AGENT.read().await;
+    let client = node.client()?;
+    let ns = node.namespace("cbt-delta").await?;
+    node::create_pvc(&client, &ns, "disk", "128Mi", "Block").await?;
+    let pvcs: Api<ferry_api::k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), &ns);
+    let annotate = |value: &str| {
+        Patch::Merge(serde_json::json!({
+            "metadata": { "annotations": { ferry_expose::KEEP_BASE_ANNOTATION: value } }
+        }))
+    };
+    // A typo is refused with a message, not taken as either answer.
+    pvcs.patch("disk", &PatchParams::default(), &annotate("yes")).await?;
+    write(
+        &client,
+        &ns,
+        "dd if=/dev/urandom of=/dev/volume bs=1M count=8 seek=16 conv=fsync 2>/dev/null",
+    )
+    .await?;
+    let snapshot = node::snapshot(&client, &ns, "disk").await?;
+    let du = node::data_upload(&client, &ns, "disk", &snapshot, "cbt-typo").await?;
+    let failed =
+        node::wait_upload(&client, &node::name_of(&du)).await.expect_err("a typo was taken");
+    assert!(failed.to_string().contains(ferry_expose::KEEP_BASE_ANNOTATION), "{failed}");
+
+    pvcs.patch("disk", &PatchParams::default(), &annotate("true")).await?;
+    let first = back_up(&client, &ns, "cbt-delta-1").await?;
+    let message = &first.status.clone().unwrap_or_default().message;
+    assert!(
+        message.contains("allocated ranges"),
+        "a first backup reads the allocated ranges: {message}"
+    );
+    let first_name = node::name_of(&first);
+    let kept = content_when(&client, &first_name, "kept", is_kept).await?;
+    let first_handle = kept
+        .and_then(|c| c.status?.snapshot_handle)
+        .ok_or("the kept content has no snapshot handle")?;
+    let listed = node.ferry(&ns, &["snapshots", "--json"]).await?;
+    assert!(listed.contains(ferry_mover::CSI_SNAPSHOT_KEPT_TAG), "{listed}");
+
+    // 1 MiB at 64 MiB, and 4 KiB inside the first range.
+    let changed = MIB + 4096;
+    let written = write(
+        &client,
+        &ns,
+        "dd if=/dev/urandom of=/dev/volume bs=1M count=1 seek=64 conv=fsync 2>/dev/null
+dd if=/dev/urandom of=/dev/volume bs=4k count=1 seek=4101 conv=fsync 2>/dev/null",
+    )
+    .await?;
+    let second = back_up(&client, &ns, "cbt-delta-2").await?;
+    let message = second.status.clone().unwrap_or_default().message;
+    assert!(
+        message.contains(&format!("changed since the parent's snapshot ({changed} bytes)")),
+        "the incremental did not read by the driver's delta: {message}"
+    );
+    let read = number_after(&message, "read ").ok_or_else(|| format!("no count in {message:?}"))?;
+    // Whole chunks around the changes, and the sample of unchanged chunks read to check them.
+    let check = ferry_repo::default_delta_check(128 * MIB, ferry_repo::DEFAULT_VOLUME_CHUNK);
+    assert!(
+        (changed + check..=changed + check + 4 * 256 * 1024).contains(&read),
+        "read {read} bytes for {changed} changed and {check} checked: {message}"
+    );
+    // The older base is released: its content and its physical snapshot are gone.
+    content_when(&client, &first_name, "released", |c| c.is_none()).await?;
+    let second_name = node::name_of(&second);
+    let kept = content_when(&client, &second_name, "kept", is_kept).await?;
+    let second_handle = kept
+        .and_then(|c| c.status?.snapshot_handle)
+        .ok_or("the kept content has no snapshot handle")?;
+    let probe = node::snapshot(&client, &ns, "disk").await?;
+    let gone = cbt(&["delta", "-n", &ns, &probe, "--base-handle", &first_handle], AGENT_ACCOUNT)
+        .expect_err("the released base snapshot is still known to the driver");
+    assert!(gone.contains("NotFound"), "{gone}");
+    cbt(&["delta", "-n", &ns, &probe, "--base-handle", &second_handle], AGENT_ACCOUNT)?;
+    node.ferry(&ns, &["check", "--read-data"]).await?;
+    assert_eq!(restored_md5(node, &client, &second).await?, written, "delta restore differs");
+
+    // The base released by hand: the next backup falls back to the allocated ranges, and says so.
+    assert!(ferry_expose::release_kept_base(&client, &second_name).await?);
+    content_when(&client, &second_name, "released", |c| c.is_none()).await?;
+    let written = write(
+        &client,
+        &ns,
+        "dd if=/dev/urandom of=/dev/volume bs=64k count=1 seek=100 conv=fsync 2>/dev/null",
+    )
+    .await?;
+    let third = back_up(&client, &ns, "cbt-delta-3").await?;
+    let message = third.status.clone().unwrap_or_default().message;
+    assert!(
+        message.contains("allocated ranges")
+            && message.contains("no delta from the parent's snapshot"),
+        "the fallback is not told: {message}"
+    );
+    assert_eq!(restored_md5(node, &client, &third).await?, written, "fallback restore differs");
+    node.ferry(&ns, &["check", "--read-data"]).await?;
+
+    // The DataUpload deleted (its backup deleted): the agent releases its base.
+    let third_name = node::name_of(&third);
+    content_when(&client, &third_name, "kept", is_kept).await?;
+    Api::<ferry_api::DataUpload>::namespaced(client.clone(), ferry_testbed::VELERO_NAMESPACE)
+        .delete(&third_name, &DeleteParams::default())
+        .await?;
+    content_when(&client, &third_name, "released", |c| c.is_none()).await?;
+    cbt(&["delta", "-n", &ns, &probe, "--base-handle", &second_handle], AGENT_ACCOUNT)
+        .expect_err("the base released by hand is still known to the driver");
+    node::delete_pvc(&client, &ns, "disk").await?;
+    Ok(())
+}
