@@ -14,11 +14,12 @@ LINTED := RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-D__CLIPPY_HACKER
 
 ## make test: formatting check, clippy with warnings as errors, every test, a short fuzz run.
 ## `make -j4 test` (what .ci/run runs) builds the Go tools and the Rust tests side by side; the
-## fuzz targets are built at low priority while the tests run.
+## test binaries run three at a time (scripts/run-tests.sh; FERRY_TEST_JOBS=1 runs them one
+## by one, as cargo test would); the fuzz targets are built at low priority while they run.
 test: fmt-check tools test-build
 	@set -e; fuzz_log=$$(mktemp); nice -n 19 scripts/fuzz.sh --build-only >"$$fuzz_log" 2>&1 & fuzz=$$!; \
 	trap 'kill $$fuzz 2>/dev/null || true; rm -f "$$fuzz_log"' EXIT; \
-	$(LINTED) $(CARGO) test --workspace --locked --all-targets --no-fail-fast; \
+	$(LINTED) CARGO=$(CARGO) scripts/run-tests.sh; \
 	scripts/check-leaks.sh; \
 	wait $$fuzz || { cat "$$fuzz_log" >&2; echo "fuzz: building the targets failed" >&2; exit 1; }; \
 	scripts/fuzz.sh 8

@@ -82,15 +82,58 @@ fn services_vanish_on_clean_stop() {
 }
 
 /// The loop devices attached now.
-fn loop_devices() -> std::collections::BTreeSet<String> {
+/// The attached loop devices as `(name, backing file)`.
+fn loop_devices() -> std::collections::BTreeSet<(String, String)> {
     std::fs::read_dir("/sys/block")
         .expect("/sys/block")
         .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| {
-            n.starts_with("loop") && std::path::Path::new(&format!("/sys/block/{n}/loop")).exists()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let file = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+            name.starts_with("loop").then(|| (name, file.trim().to_owned()))
         })
         .collect()
+}
+
+/// The loop devices of the nodes in `node_dirs`: the CSI driver's (backed by a file under a
+/// node's `hostpath/` folder) and the kubelet's references to them (backed by one of those
+/// devices). Other test binaries may attach loop devices of their own meanwhile.
+fn cluster_loop_devices(node_dirs: &[PathBuf]) -> std::collections::BTreeSet<(String, String)> {
+    let all = loop_devices();
+    let marks: Vec<String> = node_dirs
+        .iter()
+        .filter_map(|d| d.file_name())
+        .map(|n| format!("/{}/hostpath/", n.to_string_lossy()))
+        .collect();
+    let drivers: Vec<(String, String)> =
+        all.iter().filter(|(_, file)| marks.iter().any(|m| file.contains(m))).cloned().collect();
+    // A reference is backed by the device node of one of them: the same file system and inode.
+    let listed = Command::new("losetup")
+        .args(["-n", "-l", "-O", "NAME,BACK-MAJ:MIN,BACK-INO"])
+        .output()
+        .expect("losetup");
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let stat_ids: Vec<String> = drivers
+        .iter()
+        .filter_map(|(name, _)| {
+            let out = Command::new("stat")
+                .args(["-c", "%Hd:%Ld %i", &format!("/dev/{name}")])
+                .output()
+                .ok()?;
+            Some(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        })
+        .collect();
+    let references: Vec<String> = listed
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (dev, majmin, ino) = (f.next()?, f.next()?, f.next()?);
+            stat_ids
+                .contains(&format!("{majmin} {ino}"))
+                .then(|| dev.trim_start_matches("/dev/").to_owned())
+        })
+        .collect();
+    all.into_iter().filter(|d| drivers.contains(d) || references.contains(&d.0)).collect()
 }
 
 /// A real cluster of two nodes SIGKILLed with a block volume mapped into a pod (the CSI
@@ -98,7 +141,6 @@ fn loop_devices() -> std::collections::BTreeSet<String> {
 /// cluster's and each node's), cgroup (each node's) or loop device.
 #[test]
 fn a_real_cluster_vanishes_on_sigkill() {
-    let before = loop_devices();
     let mut child = Command::new(env!("CARGO_BIN_EXE_ferry-testbed"))
         .args(["node", "--nodes", "2"])
         .stdin(Stdio::piped())
@@ -156,11 +198,9 @@ spec:
         .status()
         .expect("kubectl wait");
     assert!(status.success(), "the pod with the block volume runs");
-    let mapped = loop_devices();
-    assert!(
-        mapped.len() >= before.len() + 2,
-        "the driver's device and the kubelet's reference: {mapped:?}"
-    );
+    let node_dirs = &dirs[1..];
+    let mapped = cluster_loop_devices(node_dirs);
+    assert!(mapped.len() >= 2, "the driver's device and the kubelet's reference: {mapped:?}");
 
     child.kill().expect("SIGKILL");
     child.wait().expect("reap");
@@ -177,7 +217,8 @@ spec:
     };
     loop {
         let alive: Vec<_> = pids.iter().filter(|p| alive(**p)).collect();
-        let loops: Vec<_> = loop_devices().difference(&before).cloned().collect();
+        // The same device with the same backing file: a number reused since is someone else's.
+        let loops: Vec<_> = loop_devices().intersection(&mapped).cloned().collect();
         let left = cgroups();
         let folders: Vec<_> = dirs.iter().filter(|d| d.exists()).collect();
         if alive.is_empty() && loops.is_empty() && left.is_empty() && folders.is_empty() {

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Runs every test binary of the workspace, several at once: what `cargo test --workspace
+# --all-targets --no-fail-fast` runs, but `cargo test` runs one binary after another, and the
+# longest ones (the real node, the multi-node cluster, the real Velero server) mostly wait on
+# real components. Each binary runs as cargo would run it (from its package's folder, with
+# CARGO_MANIFEST_DIR and CARGO_PKG_NAME set); its output is printed whole when it ends, with
+# its time. Every binary runs even after a failure; the exit status is 1 if any failed.
+#
+#   scripts/run-tests.sh [--jobs N]      (default: FERRY_TEST_JOBS, else 3)
+#
+# The binaries are built first with the caller's environment (`make test` passes clippy's
+# wrapper, so this build finds everything already built by `make test-build`).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+jobs="${FERRY_TEST_JOBS:-3}"
+if [[ "${1:-}" == "--jobs" ]]; then
+  jobs="$2"
+fi
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "run-tests: --jobs takes a positive number, not '$jobs'" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "run-tests: python3 is needed to read cargo's build messages" >&2; exit 2; }
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/ferry-tests-XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+
+# The test binaries, as cargo reports them: name, package folder, executable.
+if ! ${CARGO:-cargo} test --workspace --locked --all-targets --no-run \
+    --message-format=json-render-diagnostics >"$work/build.json"; then
+  echo "run-tests: building the tests failed" >&2
+  exit 1
+fi
+python3 - "$work/build.json" >"$work/binaries" <<'EOF'
+import json, os, sys
+
+# The longest first, so they start at once; the rest in cargo's order.
+FIRST = ["realnode", "nodes", "velero_server", "e2e", "sim"]
+found = []
+for line in open(sys.argv[1]):
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+        continue
+    if not msg.get("profile", {}).get("test"):
+        continue
+    target = msg["target"]
+    folder = os.path.dirname(msg["manifest_path"])
+    package = os.path.basename(folder)
+    kind = target["kind"][0]
+    name = target["name"] if kind in ("test", "bench", "example") else f"{kind} {target['name']}"
+    found.append((package, name, target["name"], folder, msg["executable"]))
+rank = lambda b: FIRST.index(b[2]) if b[2] in FIRST else len(FIRST)
+for package, name, _, folder, exe in sorted(found, key=rank):
+    print(f"{package} {name}\t{folder}\t{exe}\t{package}")
+EOF
+total=$(wc -l <"$work/binaries")
+[[ "$total" -gt 0 ]] || { echo "run-tests: cargo reported no test binaries" >&2; exit 1; }
+echo "run-tests: $total test binaries, $jobs at a time"
+
+# One binary: its output to a file, then printed whole with its status and time.
+run_one() {
+  local title="$1" folder="$2" exe="$3" package="$4" log="$5"
+  local start=$SECONDS status=0
+  (cd "$folder" && CARGO_MANIFEST_DIR="$folder" CARGO_PKG_NAME="$package" "$exe") >"$log" 2>&1 || status=$?
+  # One block at a time on the terminal, even when two binaries end together.
+  (
+    flock 9
+    echo "==== $title ($(basename "$exe")): exit $status after $((SECONDS - start)) s"
+    cat "$log"
+  ) 9>"$work/print.lock"
+  echo "$status" >"$log.status"
+}
+
+started=0
+failed=()
+declare -A titles=()
+declare -A pids=()
+while IFS=$'\t' read -r title folder exe package; do
+  # Bounded: never more than $jobs running; wait for one to end before starting the next.
+  while [[ ${#pids[@]} -ge $jobs ]]; do
+    wait -n || true
+    for log in "${!pids[@]}"; do
+      if ! kill -0 "${pids[$log]}" 2>/dev/null; then unset "pids[$log]"; fi
+    done
+  done
+  started=$((started + 1))
+  log="$work/$started.log"
+  titles[$log]="$title"
+  run_one "$title" "$folder" "$exe" "$package" "$log" &
+  pids[$log]=$!
+done <"$work/binaries"
+wait
+
+for log in "${!titles[@]}"; do
+  status=$(cat "$log.status" 2>/dev/null || echo "no status")
+  [[ "$status" == 0 ]] || failed+=("${titles[$log]} (exit $status)")
+done
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "run-tests: ${#failed[@]} of $total test binaries failed:" >&2
+  printf '  %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "run-tests: all $total test binaries passed"
