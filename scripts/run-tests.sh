@@ -14,13 +14,26 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 jobs="${FERRY_TEST_JOBS:-3}"
-if [[ "${1:-}" == "--jobs" ]]; then
-  jobs="$2"
-fi
+case "$#:${1:-}" in
+  0:) ;;
+  2:--jobs) jobs="$2" ;;
+  *) echo "usage: scripts/run-tests.sh [--jobs N]" >&2; exit 2 ;;
+esac
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "run-tests: --jobs takes a positive number, not '$jobs'" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "run-tests: python3 is needed to read cargo's build messages" >&2; exit 2; }
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/ferry-tests-XXXXXX")"
+declare -a pids=()
+# Each binary runs in a session of its own: stopped (Ctrl-C, a CI timeout) the script ends every
+# running one with its whole process group, and their services follow (PR_SET_PDEATHSIG).
+stop() {
+  for pid in "${pids[@]}"; do
+    [[ -n "$pid" ]] && kill -TERM -- "-$pid" 2>/dev/null
+  done
+  echo "run-tests: stopped; the running test binaries were ended" >&2
+  exit 130
+}
+trap stop INT TERM
 trap 'rm -rf "$work"' EXIT
 
 # The test binaries, as cargo reports them: name, package folder, executable.
@@ -46,7 +59,9 @@ for line in open(sys.argv[1]):
         continue
     target = msg["target"]
     folder = os.path.dirname(msg["manifest_path"])
-    package = os.path.basename(folder)
+    # "path+file:///…/crates/ferry-repo#0.1.0" or "…#name@0.1.0"
+    tail = msg["package_id"].rsplit("#", 1)[-1]
+    package = tail.split("@")[0] if "@" in tail else os.path.basename(folder)
     kind = target["kind"][0]
     name = target["name"] if kind in ("test", "bench", "example") else f"{kind} {target['name']}"
     found.append((package, name, target["name"], folder, msg["executable"]))
@@ -71,30 +86,41 @@ run_one() {
   ) 9>"$work/print.lock"
   echo "$status" >"$log.status"
 }
+export -f run_one
+export work
 
-started=0
+# How many of the started binaries still run (a binary is done once its status is written, or
+# once its session leader is gone).
+running() {
+  local n=0 i
+  for i in "${!pids[@]}"; do
+    if [[ -e "$work/$i.log.status" ]] || ! kill -0 "${pids[$i]}" 2>/dev/null; then
+      pids[$i]=""
+    elif [[ -n "${pids[$i]}" ]]; then
+      n=$((n + 1))
+    fi
+  done
+  echo "$n"
+}
+
+declare -a titles=()
 failed=()
-declare -A titles=()
-declare -A pids=()
+started=0
 while IFS=$'\t' read -r title folder exe package; do
   # Bounded: never more than $jobs running; wait for one to end before starting the next.
-  while [[ ${#pids[@]} -ge $jobs ]]; do
-    wait -n || true
-    for log in "${!pids[@]}"; do
-      if ! kill -0 "${pids[$log]}" 2>/dev/null; then unset "pids[$log]"; fi
-    done
+  while [[ $(running) -ge $jobs ]]; do
+    wait -n 2>/dev/null || sleep 1
   done
+  titles[$started]="$title"
+  setsid bash -c 'run_one "$@"' run-test "$title" "$folder" "$exe" "$package" "$work/$started.log" &
+  pids[$started]=$!
   started=$((started + 1))
-  log="$work/$started.log"
-  titles[$log]="$title"
-  run_one "$title" "$folder" "$exe" "$package" "$log" &
-  pids[$log]=$!
 done <"$work/binaries"
 wait
 
-for log in "${!titles[@]}"; do
-  status=$(cat "$log.status" 2>/dev/null || echo "no status")
-  [[ "$status" == 0 ]] || failed+=("${titles[$log]} (exit $status)")
+for i in "${!titles[@]}"; do
+  status=$(cat "$work/$i.log.status" 2>/dev/null || echo "no status")
+  [[ "$status" == 0 ]] || failed+=("${titles[$i]} (exit $status)")
 done
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "run-tests: ${#failed[@]} of $total test binaries failed:" >&2

@@ -151,6 +151,9 @@ pub struct CsiSnapshot {
     /// Whether the exposer keeps the physical snapshot after a completed backup, as the base
     /// of the next backup's changed-block delta.
     pub kept: bool,
+    /// The CSI handle of the volume the snapshot was taken of, when known: a delta is asked
+    /// only from a base snapshot of the same volume.
+    pub source_volume: Option<String>,
 }
 
 impl ExposedVolume {

@@ -155,6 +155,13 @@ impl CsiBackupExposer {
                 .annotations_mut()
                 .insert(kept::KEEP_DECIDED_ANNOTATION.to_owned(), "true".to_owned());
         }
+        if let Some(volume) =
+            source_content.spec.source.volume_handle.as_ref().filter(|v| !v.is_empty())
+        {
+            content
+                .annotations_mut()
+                .insert(kept::SOURCE_VOLUME_ANNOTATION.to_owned(), volume.clone());
+        }
         let made = create_or_get(&self.contents(), &content, "creating the backup content").await?;
         // One made by an earlier Ferry, without the label, would never be readied by a
         // distributed snapshotter: label it now.
@@ -190,6 +197,7 @@ impl CsiBackupExposer {
         let content = get_opt(&self.contents(), &name, "reading the backup content").await?;
         let Some(content) = content else { return Ok(None) };
         let kept = kept::decided(&content);
+        let source_volume = content.annotations().get(kept::SOURCE_VOLUME_ANNOTATION).cloned();
         let s = snapshot_of(&content, None);
         Ok((!s.handle.is_empty()).then(|| CsiSnapshot {
             namespace: self.config.namespace.clone(),
@@ -197,6 +205,7 @@ impl CsiBackupExposer {
             driver: s.driver,
             handle: s.handle,
             kept,
+            source_volume,
         }))
     }
 
@@ -373,7 +382,7 @@ impl Exposer<DataUpload> for CsiBackupExposer {
         }
         // This backup is now the newest of its PVC: older kept bases are of no more use.
         if completed {
-            kept::release_superseded(&self.client, du, kept.then_some(name.as_str())).await?;
+            kept::release_superseded(&self.client, du).await?;
         }
         Ok(())
     }

@@ -31,6 +31,13 @@ pub const KEEP_BASE_ANNOTATION: &str = "ferry.io/keep-base-snapshot";
 /// backup completes (`true`): one decision for the backup's tag and the cleanup.
 pub(crate) const KEEP_DECIDED_ANNOTATION: &str = "ferry.io/keep-base";
 
+/// The backup content's annotation naming the CSI handle of the volume its snapshot was taken
+/// of (from the source content's `spec.source.volumeHandle`).
+pub(crate) const SOURCE_VOLUME_ANNOTATION: &str = "ferry.io/source-volume-handle";
+/// When the backup whose base this is completed (RFC 3339): the newest kept base of a PVC is
+/// the one its newest backup read.
+const COMPLETED_ANNOTATION: &str = "ferry.io/completed-at";
+
 /// The label of a kept base snapshot's VolumeSnapshotContent (`true`).
 pub const KEPT_BASE_LABEL: &str = "ferry.io/kept-base";
 /// The source PVC's namespace and name, as label values (for selection).
@@ -86,10 +93,21 @@ pub(crate) async fn wanted(
     }
 }
 
-/// Whether `content` was made to be kept (see [`wanted`]).
+/// Whether `content` was made to be kept (see [`wanted`]) and is not being deleted (released
+/// meanwhile: keeping it now would turn the release into an orphaned physical snapshot).
 pub(crate) fn decided(content: &VolumeSnapshotContent) -> bool {
     content.annotations().get(KEEP_DECIDED_ANNOTATION).map(String::as_str) == Some("true")
         && content.spec.source_volume_mode.as_deref() == Some("Block")
+        && content.metadata.deletion_timestamp.is_none()
+}
+
+/// The moment `du` completed, as recorded on its kept base.
+fn completed_at(du: &DataUpload) -> String {
+    du.status
+        .as_ref()
+        .and_then(|s| s.completion_timestamp.as_ref())
+        .map(|t| t.0.to_string())
+        .unwrap_or_default()
 }
 
 /// Sets the backup content `name` of `du` to `Retain` and labels it as a kept base. `false`
@@ -98,7 +116,15 @@ pub(crate) async fn keep(client: &Client, du: &DataUpload) -> Result<bool, Expos
     let name = du.name_any();
     let source = source_of(du);
     let data_upload = format!("{}/{name}", du.namespace().unwrap_or_default());
+    let completed = completed_at(du);
+    let mut deleting = false;
     let kept = update(&contents(client), &name, "keeping the backup's snapshot", |c| {
+        // Released already (a newer backup's cleanup got here first): never back to Retain.
+        deleting = c.metadata.deletion_timestamp.is_some();
+        if deleting {
+            return false;
+        }
+        c.annotations_mut().insert(COMPLETED_ANNOTATION.to_owned(), completed.clone());
         let labels = c.labels_mut();
         let mut change = labels.get(KEPT_BASE_LABEL).map(String::as_str) != Some("true");
         labels.insert(KEPT_BASE_LABEL.to_owned(), "true".to_owned());
@@ -117,14 +143,14 @@ pub(crate) async fn keep(client: &Client, du: &DataUpload) -> Result<bool, Expos
         change
     })
     .await?;
-    Ok(kept.is_some())
+    Ok(kept.is_some() && !deleting)
 }
 
-/// Releases every kept base of `du`'s source PVC but `except` (a newer backup completed).
+/// Releases every kept base of `du`'s source PVC but the newest (by the completion of its
+/// backup): a newer backup completed, or an older one's cleanup came late.
 pub(crate) async fn release_superseded(
     client: &Client,
     du: &DataUpload,
-    except: Option<&str>,
 ) -> Result<usize, ExposeError> {
     let selector = format!(
         "{KEPT_BASE_LABEL}=true,{SOURCE_NAMESPACE_LABEL}={},{SOURCE_PVC_LABEL}={}",
@@ -132,14 +158,23 @@ pub(crate) async fn release_superseded(
         valid_label_value(&du.spec.source_pvc)
     );
     let source = source_of(du);
+    let mut bases: Vec<VolumeSnapshotContent> = list(client, &selector)
+        .await?
+        .into_iter()
+        .filter(|c| {
+            c.annotations().get(SOURCE_ANNOTATION) == Some(&source)
+                && c.metadata.deletion_timestamp.is_none()
+        })
+        .collect();
+    let completed = |c: &VolumeSnapshotContent| {
+        c.annotations().get(COMPLETED_ANNOTATION).cloned().unwrap_or_default()
+    };
+    // RFC 3339 in UTC sorts as text; the newest last, and it stays.
+    bases.sort_by_key(|c| (completed(c), c.name_any()));
+    bases.pop();
     let mut released = 0;
-    for content in list(client, &selector).await? {
+    for content in bases {
         let name = content.name_any();
-        if Some(name.as_str()) == except
-            || content.annotations().get(SOURCE_ANNOTATION) != Some(&source)
-        {
-            continue;
-        }
         if release_kept_base(client, &name).await? {
             tracing::info!(content = %name, %source, "released the kept base snapshot of an older backup");
             released += 1;
@@ -209,15 +244,30 @@ pub async fn release_orphaned_kept_bases(
         else {
             continue;
         };
-        if ns != namespace
-            || get_opt(&uploads, upload, "reading the DataUpload of a kept base").await?.is_some()
-        {
+        if ns != namespace {
             continue;
         }
         let name = content.name_any();
-        if release_kept_base(client, &name).await? {
-            tracing::info!(content = %name, data_upload = upload, "released the kept base snapshot of a deleted backup");
-            released += 1;
+        // One that cannot be handled now does not hold up the others.
+        let gone = match get_opt(&uploads, upload, "reading the DataUpload of a kept base").await {
+            Ok(found) => found.is_none(),
+            Err(e) => {
+                tracing::warn!(content = %name, error = %e, "kept base not checked; will retry");
+                continue;
+            }
+        };
+        if !gone {
+            continue;
+        }
+        match release_kept_base(client, &name).await {
+            Ok(true) => {
+                tracing::info!(content = %name, data_upload = upload, "released the kept base snapshot of a deleted backup");
+                released += 1;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(content = %name, error = %e, "kept base not released; will retry")
+            }
         }
     }
     Ok(released)

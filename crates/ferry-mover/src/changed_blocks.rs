@@ -39,6 +39,27 @@ pub(crate) enum Base<'a> {
     NotKept,
     /// A parent whose physical snapshot, with this CSI handle, was kept for the next delta.
     Kept(&'a str),
+    /// A parent whose kept snapshot is of another volume (or of one not recorded): the PVC
+    /// was made again under the same name.
+    OtherVolume,
+}
+
+impl Base<'_> {
+    /// Why there is no delta to ask for, when that is worth telling (no fallback: nothing
+    /// failed).
+    fn remark(self) -> Option<&'static str> {
+        match self {
+            Self::NotKept => Some(
+                "no delta: the previous backup's snapshot was not kept (the agent's \
+                 --keep-base-snapshot, or the PVC's ferry.io/keep-base-snapshot annotation)",
+            ),
+            Self::OtherVolume => Some(
+                "no delta: the previous backup's kept snapshot is of another volume (the PVC \
+                 was made again), or its volume was not recorded",
+            ),
+            Self::None | Self::Kept(_) => None,
+        }
+    }
 }
 
 impl ChangedBlocks {
@@ -80,7 +101,9 @@ impl ChangedBlocks {
         base: Base<'_>,
         cancel: &CancellationToken,
     ) -> Result<Planned, Cancelled> {
-        self.plan_after(snapshot, base, Vec::new(), cancel).await
+        let mut planned = self.plan_after(snapshot, base, Vec::new(), cancel).await?;
+        planned.remarks.extend(base.remark().map(str::to_owned));
+        Ok(planned)
     }
 
     /// The next plan after the repository refused `planned`'s ranges (`reason`) before
@@ -93,14 +116,20 @@ impl ChangedBlocks {
         &self,
         snapshot: Option<&CsiSnapshot>,
         planned: &Planned,
-        reason: &str,
+        refusal: Refusal<'_>,
         cancel: &CancellationToken,
     ) -> Result<Planned, Cancelled> {
         if !planned.is_delta() {
-            return Ok(planned.refused(reason));
+            return Ok(planned.refused(refusal));
         }
-        tracing::warn!(%reason, "the changed-block delta was refused; asking for the allocated ranges");
-        self.plan_after(snapshot, Base::None, planned.refusals(reason), cancel).await
+        tracing::warn!(
+            reason = refusal.reason(),
+            "the changed-block delta was refused; asking for the allocated ranges"
+        );
+        let mut next =
+            self.plan_after(snapshot, Base::None, planned.refusals(refusal), cancel).await?;
+        next.remarks.clone_from(&planned.remarks);
+        Ok(next)
     }
 
     async fn plan_after(
@@ -116,14 +145,6 @@ impl ChangedBlocks {
                 "the exposer did not say which CSI snapshot the volume was made from".into(),
             ));
         };
-        if base == Base::NotKept {
-            fallbacks.push((
-                "base-not-kept",
-                "no delta: the previous backup's snapshot was not kept (the agent's \
-                 --keep-base-snapshot, or the PVC's ferry.io/keep-base-snapshot annotation)"
-                    .to_owned(),
-            ));
-        }
         let connection = match self.connect(&snapshot.driver).await {
             Ok(c) => c,
             Err(e) => {
@@ -168,6 +189,23 @@ fn fallen(
     Ok(fallbacks)
 }
 
+/// Why the repository refused a plan before saving anything.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Refusal<'a> {
+    /// The ranges do not fit the volume, or the data showed them incomplete.
+    Ranges(&'a str),
+    /// The parent snapshot cannot lend its chunks (a delta only).
+    Parent(&'a str),
+}
+
+impl<'a> Refusal<'a> {
+    const fn reason(self) -> &'a str {
+        match self {
+            Self::Ranges(r) | Self::Parent(r) => r,
+        }
+    }
+}
+
 /// The backup was cancelled while the plan was asked for.
 #[derive(Debug)]
 pub(crate) struct Cancelled;
@@ -205,6 +243,8 @@ pub(crate) struct Planned {
     ranges: Option<(String, u64)>,
     /// Every fallback on the way, in order: the metric's label and the full reason.
     fallbacks: Vec<(&'static str, String)>,
+    /// What else the report tells (why no delta was asked for), no fallback.
+    remarks: Vec<String>,
 }
 
 impl Planned {
@@ -229,6 +269,7 @@ impl Planned {
             path: Path::Full,
             ranges: None,
             fallbacks,
+            remarks: Vec::new(),
         }
     }
 
@@ -249,6 +290,7 @@ impl Planned {
             path,
             ranges: Some((snapshot.driver.clone(), bytes)),
             fallbacks,
+            remarks: Vec::new(),
         }
     }
 
@@ -264,18 +306,29 @@ impl Planned {
 
     /// The whole device after all: the repository refused the ranges (`reason`) before
     /// reading anything.
-    pub(crate) fn refused(&self, reason: &str) -> Self {
-        tracing::warn!(%reason, path = self.path.as_str(), "the changed-block ranges do not fit the volume or its parent; reading the whole volume");
-        Self::whole_after(self.refusals(reason))
+    pub(crate) fn refused(&self, refusal: Refusal<'_>) -> Self {
+        tracing::warn!(
+            reason = refusal.reason(),
+            path = self.path.as_str(),
+            "the changed-block plan was refused; reading the whole volume"
+        );
+        let mut next = Self::whole_after(self.refusals(refusal));
+        next.remarks.clone_from(&self.remarks);
+        next
     }
 
-    /// The fallbacks so far and the repository's refusal of these ranges.
-    fn refusals(&self, reason: &str) -> Vec<(&'static str, String)> {
+    /// The fallbacks so far and the repository's refusal of this plan.
+    fn refusals(&self, refusal: Refusal<'_>) -> Vec<(&'static str, String)> {
         let mut fallbacks = self.fallbacks.clone();
-        fallbacks.push((
-            "untrusted",
-            format!("the service's {} ranges were refused: {reason}", self.path.as_str()),
-        ));
+        fallbacks.push(match refusal {
+            Refusal::Ranges(reason) => (
+                "untrusted",
+                format!("the service's {} ranges were refused: {reason}", self.path.as_str()),
+            ),
+            Refusal::Parent(reason) => {
+                ("parent-unusable", format!("the parent snapshot cannot lend its chunks: {reason}"))
+            }
+        });
         fallbacks
     }
 
@@ -296,7 +349,7 @@ impl Planned {
             ),
             (None, _) => write!(note, "the whole device (holes and zeros found by Ferry)"),
         };
-        for (_, reason) in &self.fallbacks {
+        for reason in self.remarks.iter().chain(self.fallbacks.iter().map(|(_, r)| r)) {
             let _ = write!(note, "; {reason}");
         }
         BlockReads { path: self.path.as_str(), fallback: self.fallbacks.last().map(|f| f.0), note }
@@ -316,6 +369,7 @@ mod tests {
             driver: "hostpath.csi.k8s.io".into(),
             handle: "h-1".into(),
             kept: false,
+            source_volume: None,
         }
     }
 
@@ -345,8 +399,8 @@ mod tests {
         assert!(reads.note.contains("is off for this agent"), "{}", reads.note);
 
         let map = BlockMap { capacity: None, block_type: None, ranges: Vec::new() };
-        let refused =
-            Planned::ranges(&snapshot(), map, Path::Allocated, Vec::new()).refused("too small");
+        let refused = Planned::ranges(&snapshot(), map, Path::Allocated, Vec::new())
+            .refused(Refusal::Ranges("too small"));
         assert_eq!(refused.read_plan, ReadPlan::Everything);
         let reads = refused.report(64 << 20, 64 << 20);
         assert_eq!((reads.path, reads.fallback), ("full", Some("untrusted")));
@@ -385,7 +439,7 @@ mod tests {
         );
 
         // Then the ranges were refused as well: the last reason labels the metric, both are told.
-        let reads = allocated.refused("too small").report(64 << 20, 64 << 20);
+        let reads = allocated.refused(Refusal::Ranges("too small")).report(64 << 20, 64 << 20);
         assert_eq!((reads.path, reads.fallback), ("full", Some("untrusted")));
         assert!(reads.note.contains("gone") && reads.note.contains("too small"), "{}", reads.note);
     }

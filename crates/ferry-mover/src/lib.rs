@@ -49,7 +49,10 @@ pub mod upload_finalizer;
 pub use bsl::{BslLocation, aws_credentials, location_of};
 pub use changed_blocks::ChangedBlocks;
 pub use error::MoverError;
-pub use mover::{CSI_SNAPSHOT_HANDLE_TAG, CSI_SNAPSHOT_KEPT_TAG, DATA_UPLOAD_TAG, RepoMover};
+pub use mover::{
+    CSI_SNAPSHOT_HANDLE_TAG, CSI_SNAPSHOT_KEPT_TAG, CSI_SOURCE_VOLUME_TAG, DATA_UPLOAD_TAG,
+    RepoMover,
+};
 pub use secrets::{
     KMS_ENDPOINT_KEY, KMS_KEY_ID_KEY, PASSWORD_KEY, PASSWORD_SECRET, PREVIOUS_PASSWORD_KEY,
     VELERO_PASSWORD_SECRET,

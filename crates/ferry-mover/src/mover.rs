@@ -21,7 +21,7 @@ use ferry_repo::{
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::changed_blocks::{Base, ChangedBlocks, Planned};
+use crate::changed_blocks::{Base, ChangedBlocks, Planned, Refusal};
 use crate::{InUse, MoverError, RepositorySource};
 
 /// The tag holding, on a block volume's snapshot, the handle of the CSI snapshot it was read
@@ -31,6 +31,9 @@ pub const CSI_SNAPSHOT_HANDLE_TAG: &str = "ferry.io/csi-snapshot-handle";
 /// The tag saying that physical snapshot was kept after the backup, as the base of the next
 /// backup's delta (`true`).
 pub const CSI_SNAPSHOT_KEPT_TAG: &str = "ferry.io/csi-snapshot-kept";
+
+/// The tag naming the CSI handle of the volume that snapshot was taken of.
+pub const CSI_SOURCE_VOLUME_TAG: &str = "ferry.io/csi-source-volume";
 
 /// The tag holding the DataUpload's name on each snapshot.
 pub const DATA_UPLOAD_TAG: &str = "ferry.io/data-upload";
@@ -234,12 +237,19 @@ async fn parent_of(
         .map(|(id, s)| (id, s.tags)))
 }
 
-/// What the parent (with `tags`) offers a delta: its physical snapshot, if it was kept.
-fn base_of(parent: Option<&[(String, String)]>) -> Base<'_> {
+/// What the parent (with `tags`) offers a delta to a snapshot of the volume `volume`: its
+/// physical snapshot, if it was kept and taken of the same volume (a PVC deleted and made
+/// again under its name is another volume, whose delta from the old one means nothing).
+fn base_of<'a>(parent: Option<&'a [(String, String)]>, volume: Option<&str>) -> Base<'a> {
     let Some(tags) = parent else { return Base::None };
     let tag = |key: &str| tags.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
     match (tag(CSI_SNAPSHOT_HANDLE_TAG), tag(CSI_SNAPSHOT_KEPT_TAG)) {
-        (Some(handle), Some("true")) if !handle.is_empty() => Base::Kept(handle),
+        (Some(handle), Some("true")) if !handle.is_empty() => {
+            match (tag(CSI_SOURCE_VOLUME_TAG), volume) {
+                (Some(was), Some(now)) if was == now => Base::Kept(handle),
+                _ => Base::OtherVolume,
+            }
+        }
         _ => Base::NotKept,
     }
 }
@@ -283,7 +293,9 @@ impl DataMover for RepoMover {
                 (s.snapshot_id, s.bytes_total, s.bytes_new)
             }
             VolumeMode::Block => {
-                let base = base_of(found.as_ref().map(|(_, tags)| tags.as_slice()));
+                let source_volume =
+                    volume.snapshot.as_ref().and_then(|s| s.source_volume.as_deref());
+                let base = base_of(found.as_ref().map(|(_, tags)| tags.as_slice()), source_volume);
                 let planned = match &self.changed_blocks {
                     Some(cb) => cb
                         .plan(volume.snapshot.as_ref(), base, &cancel)
@@ -296,6 +308,9 @@ impl DataMover for RepoMover {
                     // The exposer keeps it once the backup completes.
                     if snapshot.kept {
                         tags.push((CSI_SNAPSHOT_KEPT_TAG.to_owned(), "true".to_owned()));
+                    }
+                    if let Some(volume) = &snapshot.source_volume {
+                        tags.push((CSI_SOURCE_VOLUME_TAG.to_owned(), volume.clone()));
                     }
                 }
                 let mut options = VolumeBackupOptions {
@@ -320,17 +335,22 @@ impl DataMover for RepoMover {
                                 && (what == "read plan"
                                     || (what == "parent snapshot" && planned.is_delta())) =>
                         {
+                            let refusal = if what == "parent snapshot" {
+                                Refusal::Parent(&reason)
+                            } else {
+                                Refusal::Ranges(&reason)
+                            };
                             planned = match &self.changed_blocks {
                                 Some(cb) => cb
                                     .after_refusal(
                                         volume.snapshot.as_ref(),
                                         &planned,
-                                        &reason,
+                                        refusal,
                                         &cancel,
                                     )
                                     .await
                                     .map_err(|_| WorkError::Canceled)?,
-                                None => planned.refused(&reason),
+                                None => planned.refused(refusal),
                             };
                         }
                         other => {
@@ -420,6 +440,28 @@ mod tests {
     use ferry_store::{MemoryStore, ObjectKey, ObjectStore};
 
     use super::*;
+
+    #[test]
+    fn a_delta_base_is_the_parents_kept_snapshot_of_the_same_volume() {
+        let tags = |kept: &str, volume: Option<&str>| {
+            let mut t = vec![
+                (CSI_SNAPSHOT_HANDLE_TAG.to_owned(), "snap-1".to_owned()),
+                (CSI_SNAPSHOT_KEPT_TAG.to_owned(), kept.to_owned()),
+            ];
+            t.extend(volume.map(|v| (CSI_SOURCE_VOLUME_TAG.to_owned(), v.to_owned())));
+            t
+        };
+        assert_eq!(base_of(None, Some("vol-a")), Base::None);
+        let same = tags("true", Some("vol-a"));
+        assert_eq!(base_of(Some(&same), Some("vol-a")), Base::Kept("snap-1"));
+        // The PVC made again: another volume under the same name.
+        assert_eq!(base_of(Some(&same), Some("vol-b")), Base::OtherVolume);
+        assert_eq!(base_of(Some(&same), None), Base::OtherVolume);
+        let unrecorded = tags("true", None);
+        assert_eq!(base_of(Some(&unrecorded), Some("vol-a")), Base::OtherVolume);
+        let not_kept = tags("false", Some("vol-a"));
+        assert_eq!(base_of(Some(&not_kept), Some("vol-a")), Base::NotKept);
+    }
 
     #[tokio::test]
     async fn a_damaged_manifest_does_not_stop_the_parent_lookup() {

@@ -308,6 +308,7 @@ async fn incrementals_read_only_what_changed_since_the_kept_base_snapshot() -> T
         .ok_or("the kept content has no snapshot handle")?;
     let listed = node.ferry(&ns, &["snapshots", "--json"]).await?;
     assert!(listed.contains(ferry_mover::CSI_SNAPSHOT_KEPT_TAG), "{listed}");
+    assert!(listed.contains(ferry_mover::CSI_SOURCE_VOLUME_TAG), "{listed}");
 
     // 1 MiB at 64 MiB, and 4 KiB inside the first range.
     let changed = MIB + 4096;
