@@ -209,12 +209,6 @@ impl CsiBackupExposer {
         }))
     }
 
-    /// Whether the backup content `name` was made to be kept after a completed backup.
-    async fn keeps(&self, name: &str) -> Result<bool, ExposeError> {
-        let content = get_opt(&self.contents(), name, "reading the backup content").await?;
-        Ok(content.as_ref().is_some_and(kept::decided))
-    }
-
     async fn source_pvc_mode(&self, du: &DataUpload) -> Result<VolumeMode, ExposeError> {
         let pvcs: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &du.spec.source_namespace);
@@ -366,9 +360,8 @@ impl Exposer<DataUpload> for CsiBackupExposer {
         let completed =
             du.status.as_ref().and_then(|s| s.phase) == Some(DataUploadPhase::Completed);
         // A completed block backup's physical snapshot stays, as the next delta's base.
-        let keep = completed && self.keeps(&name).await?;
         let kept_at = tokio::time::Instant::now();
-        let kept = keep && kept::keep(&self.client, du).await?;
+        let kept = completed && kept::keep(&self.client, du).await?;
         delete_if_present(&self.pods(), &objects::holder_name(&name), "deleting the backup pod")
             .await?;
         delete_if_present(&self.claims(), &name, "deleting the backup PVC").await?;

@@ -110,18 +110,20 @@ fn completed_at(du: &DataUpload) -> String {
         .unwrap_or_default()
 }
 
-/// Sets the backup content `name` of `du` to `Retain` and labels it as a kept base. `false`
-/// when there is no such content (nothing to keep).
+/// Sets the backup content of `du` to `Retain` and labels it as a kept base, if it was made to
+/// be kept ([`decided`]). `false` when it was not, is gone, or is being deleted (nothing to
+/// keep).
 pub(crate) async fn keep(client: &Client, du: &DataUpload) -> Result<bool, ExposeError> {
     let name = du.name_any();
     let source = source_of(du);
     let data_upload = format!("{}/{name}", du.namespace().unwrap_or_default());
     let completed = completed_at(du);
-    let mut deleting = false;
+    let mut wanted = false;
     let kept = update(&contents(client), &name, "keeping the backup's snapshot", |c| {
-        // Released already (a newer backup's cleanup got here first): never back to Retain.
-        deleting = c.metadata.deletion_timestamp.is_some();
-        if deleting {
+        // Not to be kept, or released already (a newer backup's cleanup got here first):
+        // never back to Retain.
+        wanted = decided(c);
+        if !wanted {
             return false;
         }
         c.annotations_mut().insert(COMPLETED_ANNOTATION.to_owned(), completed.clone());
@@ -143,7 +145,7 @@ pub(crate) async fn keep(client: &Client, du: &DataUpload) -> Result<bool, Expos
         change
     })
     .await?;
-    Ok(kept.is_some() && !deleting)
+    Ok(kept.is_some() && wanted)
 }
 
 /// Releases every kept base of `du`'s source PVC but the newest (by the completion of its
