@@ -4,7 +4,7 @@ CARGO ?= cargo
 export GOTOOLCHAIN := local
 export CGO_ENABLED := 0
 
-.PHONY: test test-parallel test-build tools demo fmt-check clippy control-plane realnode velero helm build fuzz
+.PHONY: test test-build tools demo fmt-check clippy control-plane realnode velero helm build fuzz
 
 # Clippy lints the workspace's crates inside the test build itself: clippy-driver wraps rustc
 # for them (as `cargo clippy` does), with warnings as errors. One compilation instead of a
@@ -13,22 +13,17 @@ CLIPPY_DRIVER := $(shell rustc --print sysroot 2>/dev/null)/bin/clippy-driver
 LINTED := RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
 
 ## make test: formatting check, clippy with warnings as errors, every test, a short fuzz run.
-## `make -j4 test` (what .ci/run runs) builds the Go tools and the Rust tests side by side; the
-## fuzz targets are built at low priority while the tests run. `make test-parallel` runs the
-## test binaries three at a time instead (scripts/run-tests.sh): faster, but two tests are
-## still sensitive to that load (see README).
+## `make -j4 test` (what .ci/run runs) builds the Go tools and the Rust tests side by side. The
+## test binaries then run two at a time, the longest first (scripts/run-tests.sh; FERRY_TEST_JOBS=1
+## runs them one after another), while the fuzz targets build at low priority.
 test: fmt-check tools test-build
 	@set -e; fuzz_log=$$(mktemp); nice -n 19 scripts/fuzz.sh --build-only >"$$fuzz_log" 2>&1 & fuzz=$$!; \
 	trap 'kill $$fuzz 2>/dev/null || true; rm -f "$$fuzz_log"' EXIT; \
-	$(LINTED) $(CARGO) test --workspace --locked --all-targets --no-fail-fast; \
+	status=0; $(LINTED) CARGO=$(CARGO) scripts/run-tests.sh || status=$$?; \
 	scripts/check-leaks.sh; \
+	[ $$status = 0 ] || exit $$status; \
 	wait $$fuzz || { cat "$$fuzz_log" >&2; echo "fuzz: building the targets failed" >&2; exit 1; }; \
 	scripts/fuzz.sh 8
-
-## Every test binary, three at a time (scripts/run-tests.sh), after the same build.
-test-parallel: fmt-check tools test-build
-	$(LINTED) CARGO=$(CARGO) scripts/run-tests.sh
-	scripts/check-leaks.sh
 
 ## Compiles every test (clippy's lints included) without running them.
 test-build:

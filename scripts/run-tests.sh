@@ -6,14 +6,18 @@
 # CARGO_MANIFEST_DIR and CARGO_PKG_NAME set); its output is printed whole when it ends, with
 # its time. Every binary runs even after a failure; the exit status is 1 if any failed.
 #
-#   scripts/run-tests.sh [--jobs N]      (default: FERRY_TEST_JOBS, else 3)
+#   scripts/run-tests.sh [--jobs N]      (default: FERRY_TEST_JOBS, else 2)
+#
+# Two at a time on two cores: the longest binary (the real node) sets the pace, and every other
+# binary fits beside it. Three at a time was faster still but loaded the machine enough to
+# stretch real components' reaction times past what some tests allowed.
 #
 # The binaries are built first with the caller's environment (`make test` passes clippy's
 # wrapper, so this build finds everything already built by `make test-build`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-jobs="${FERRY_TEST_JOBS:-3}"
+jobs="${FERRY_TEST_JOBS:-2}"
 case "$#:${1:-}" in
   0:) ;;
   2:--jobs) jobs="$2" ;;

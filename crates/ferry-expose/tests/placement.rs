@@ -1,5 +1,6 @@
 //! The node-agent ConfigMap's `loadAffinity`, `podResources`, `podLabels` and `podAnnotations`
-//! on real holding pods: a real API server, the node simulator's scheduler and volumes.
+//! on real holding pods, and the tolerations they get from the agent's: a real API server, the
+//! node simulator's scheduler and volumes.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -151,5 +152,56 @@ async fn holding_pods_follow_the_node_agent_config() -> TestResult {
     sim.shutdown().await?;
     let left = ferry_sim::janitor::leftovers_under(&dir);
     assert!(left.is_empty(), "left behind: {left:?}");
+    Ok(())
+}
+
+/// An agent tolerating every taint (a keyless `Exists`, as many DaemonSets do) needs the
+/// nodes' taint keys for its holding pods' tolerations: five exposures in a row list the nodes
+/// once between them (the exposer's taint cache), from the API server's watch cache
+/// (`resourceVersion=0`), and each holding pod gets the narrowed tolerations, never the
+/// cordon's.
+#[tokio::test]
+async fn exposures_in_a_row_list_the_nodes_taints_once() -> TestResult {
+    use ferry_api::k8s_openapi::api::core::v1::Toleration;
+    let cp = ControlPlane::shared();
+    let client = cp.client()?;
+    let ns = cp.unique_namespace("expose-taints").await?;
+    let node = format!("{ns}-n");
+    let sim = NodeSim::start(
+        client.clone(),
+        SimConfig {
+            namespaces: vec![ns.clone()],
+            nodes: vec![node.clone()],
+            ..SimConfig::default()
+        },
+    )
+    .await?;
+    let mut config = ExposerConfig::new("ferry:test");
+    config.namespace.clone_from(&ns);
+    config.agent_tolerations =
+        vec![Toleration { operator: Some("Exists".into()), ..Toleration::default() }];
+    let (recording, requests) = ferry_testbed::recording_client(cp.config())?;
+    let backups = CsiBackupExposer::new(recording, config);
+    let velero = Velero::new(client.clone(), &ns, "ferry", "default");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for i in 0..5 {
+        let pvc = format!("data-{i}");
+        sim.create_pvc(&ns, &pvc, "8Mi", VolumeMode::Filesystem, Binding::Immediate).await?;
+        sim.wait_pvc_bound(&ns, &pvc, WAIT).await?;
+        sim.snapshot_pvc(&ns, &pvc, &format!("snap-{i}")).await?;
+        let du = velero.create_data_upload(&sim, "backup", &ns, &pvc, &format!("snap-{i}")).await?;
+        backups.expose(&du, &params(&node)).await?;
+        let pod = pods.get(&du.name_any()).await?;
+        let tolerations = pod.spec.and_then(|s| s.tolerations).unwrap_or_default();
+        assert!(
+            !tolerations.iter().any(ferry_expose::tolerates_cordon),
+            "holding pod {} tolerates the cordon: {tolerations:?}",
+            du.name_any()
+        );
+    }
+    let lists: Vec<_> = requests.all().into_iter().filter(|s| s.is_list_of("nodes")).collect();
+    assert_eq!(lists.len(), 1, "node LISTs of five exposures: {lists:?}");
+    assert!(lists[0].query.contains("resourceVersion=0"), "{lists:?}");
+    sim.shutdown().await?;
     Ok(())
 }

@@ -297,6 +297,7 @@ async fn a_location_asking_for_server_side_encryption_gets_it_on_every_object() 
     let admin = aws_sdk_s3::Client::from_conf(
         aws_sdk_s3::Config::builder()
             .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+            .http_client(ferry_store::aws_http_client())
             .region(aws_sdk_s3::config::Region::from_static("us-east-1"))
             .endpoint_url(S3Server::shared().endpoint())
             .force_path_style(true)

@@ -413,6 +413,7 @@ mod aws {
                 .read_timeout(options.read_timeout)
                 .build();
             let mut loader = aws_config::defaults(BehaviorVersion::latest())
+                .http_client(crate::https::client(None))
                 .retry_config(retry)
                 .timeout_config(timeouts);
             // A key ARN says where the key is: calls elsewhere could not find it.
@@ -746,6 +747,7 @@ mod tests {
             let endpoint = ferry_testbed::S3Server::shared().endpoint().to_owned();
             let config = aws_sdk_kms::Config::builder()
                 .behavior_version(BehaviorVersion::latest())
+                .http_client(crate::aws_http_client())
                 .region(Region::new("us-east-1"))
                 .credentials_provider(Credentials::new("ferry-test", "secret", None, None, "t"))
                 .endpoint_url(&endpoint)

@@ -52,6 +52,8 @@ mod error;
 mod faulty;
 mod fs;
 mod hooked;
+#[cfg(feature = "s3")]
+mod https;
 mod key;
 mod kms;
 mod memory;
@@ -64,6 +66,8 @@ pub use error::{StoreError, StoreResult};
 pub use faulty::{FaultConfig, FaultyStore};
 pub use fs::FsStore;
 pub use hooked::{Call, Hook, Hooked};
+#[cfg(feature = "s3")]
+pub use https::aws_http_client;
 pub use key::{InvalidKey, ObjectKey};
 #[cfg(feature = "s3")]
 pub use kms::{AwsKms, KmsOptions};

@@ -14,6 +14,8 @@
 //! - [`realnode::RealCluster`]: that control plane with a real node: kubelet, containerd and
 //!   runc, the CSI hostpath driver and its sidecars, in namespaces of its own; Ferry's image
 //!   ([`image`]) and chart installed on it.
+//! - [`recording_client`]: a kube client that records the requests it sends ([`Requests`]),
+//!   for tests that count what a component asks of the API server.
 //!
 //! Every process is started through [`process::spawn`], so it dies with the test binary even
 //! when a test panics or the binary is killed.
@@ -29,6 +31,7 @@ pub mod netns;
 pub mod paths;
 pub mod process;
 pub mod realnode;
+mod requests;
 mod tls_front;
 pub mod velero;
 pub mod workload;
@@ -37,4 +40,5 @@ pub use control_plane::{
     ControlPlane, Options, SERVICE_IP, VELERO_NAMESPACE, install_crypto_provider,
 };
 pub use moto::S3Server;
+pub use requests::{Requests, Sent, recording_client};
 pub use tls_front::TlsFront;

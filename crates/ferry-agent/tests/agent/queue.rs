@@ -1,5 +1,5 @@
 //! Velero's `prepareQueueLength`: no more CRs between acceptance and data movement than the
-//! limit; the rest wait in New and all complete.
+//! limit; the rest wait in New and all complete; counting costs the API server no LIST.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -70,5 +70,15 @@ async fn the_prepare_queue_holds_new_uploads_back_and_all_complete() {
     let seen = *seen.lock().expect("seen");
     assert!(seen.most_preparing <= 2, "more than 2 uploads in Accepted/Prepared: {seen:?}");
     assert!(seen.held_back, "the queue never held a New upload back: {seen:?}");
+    // The agent counts the queue in its controllers' caches: the uploads are listed by the
+    // caches' first listing, not once per count (each of the six was counted several times,
+    // the four held back on every retry).
+    let requests = &cluster.requests[NODES[0]];
+    let lists: Vec<_> =
+        requests.all().into_iter().filter(|s| s.is_list_of("datauploads")).collect();
+    assert!(
+        !lists.is_empty() && lists.len() <= 2,
+        "DataUpload LISTs of the agent (one per cache expected): {lists:?}"
+    );
     cluster.shutdown().await;
 }

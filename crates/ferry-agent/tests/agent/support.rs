@@ -108,6 +108,8 @@ pub struct TestCluster {
     pub uploads: Api<DataUpload>,
     pub downloads: Api<DataDownload>,
     agents: Vec<Agent>,
+    /// What each node's agent asked of the API server, by node.
+    pub requests: std::collections::HashMap<String, ferry_testbed::Requests>,
     tweak: fn(&mut AgentConfig),
 }
 
@@ -135,6 +137,7 @@ impl TestCluster {
             sim,
             data_mover: unique("mover"),
             agents: Vec::new(),
+            requests: std::collections::HashMap::new(),
             tweak,
         }
     }
@@ -148,7 +151,9 @@ impl TestCluster {
     }
 
     pub async fn start_agent(&mut self, node: &str) {
-        let client = ControlPlane::shared().client().expect("client");
+        let (client, requests) =
+            ferry_testbed::recording_client(ControlPlane::shared().config()).expect("client");
+        self.requests.insert(node.to_owned(), requests);
         let agent = Agent::start(client, self.config_for(node), self.sim.backends())
             .await
             .expect("agent starts");

@@ -6,8 +6,7 @@ use std::time::Duration;
 use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
-use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
-use aws_smithy_http_client::tls::{Provider, TlsContext, TrustStore};
+use aws_smithy_http_client::tls::{TlsContext, TrustStore};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
@@ -247,10 +246,7 @@ fn client_trusting(
             message: format!("TLS settings with the CA bundle: {e}"),
         }
     })?;
-    Ok(aws_smithy_http_client::Builder::new()
-        .tls_provider(Provider::Rustls(CryptoMode::Ring))
-        .tls_context(tls)
-        .build_https())
+    Ok(crate::https::client(Some(tls)))
 }
 
 /// Builds the SDK client: standard retry mode (exponential backoff with full jitter, bounded
@@ -269,6 +265,7 @@ pub(super) async fn client(options: &S3Options) -> StoreResult<aws_sdk_s3::Clien
         .read_timeout(options.read_timeout)
         .build();
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .http_client(crate::https::client(None))
         .retry_config(retry)
         .timeout_config(timeouts);
     // A custom endpoint rarely cares about the region; don't probe instance metadata for one.

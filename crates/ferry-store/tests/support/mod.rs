@@ -55,6 +55,7 @@ pub fn admin_client(endpoint: &str) -> aws_sdk_s3::Client {
     let creds = test_credentials();
     let config = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
+        .http_client(ferry_store::aws_http_client())
         .region(Region::from_static("us-east-1"))
         .endpoint_url(endpoint)
         .force_path_style(true)

@@ -27,8 +27,11 @@ pub async fn volume_node(
         .ok_or_else(|| format!("PV {volume} names no node: {affinity}").into())
 }
 
-/// Waits (up to a minute) until Velero's namespace holds no pod, PVC or VolumeSnapshot of the
-/// CRs `names` (the exposers name them after their CR); fails naming what stays.
+/// Waits until Velero's namespace holds no pod, PVC or VolumeSnapshot of the CRs `names` (the
+/// exposers name them after their CR); fails naming what stays. Up to three minutes: each
+/// snapshot's deletion passes through the snapshot controller, the external-snapshotter and the
+/// driver in turn, and thirty of them take well over a minute on a busy two-core machine (seen
+/// with other test binaries running beside this one).
 pub async fn nothing_exposed_for<'a>(
     client: &Client,
     names: impl Iterator<Item = &'a str>,
@@ -37,7 +40,7 @@ pub async fn nothing_exposed_for<'a>(
     let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let snapshots: Api<VolumeSnapshot> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         let mut left = Vec::new();
         for p in pods.list(&Default::default()).await?.items {

@@ -1,0 +1,30 @@
+//! The one HTTPS client every AWS SDK client of Ferry's uses (S3, KMS, and the credential
+//! providers behind them: STS, SSO, instance metadata).
+//!
+//! The SDKs' own TLS features would bring a second TLS stack (their legacy hyper 0.14 client
+//! with rustls 0.21, and aws-lc for the newer one); Ferry builds without them and hands each
+//! loader this client instead: hyper 1 and rustls on `ring`, the crypto provider the rest of
+//! Ferry already uses. A loader without a client would fail every request at run time, so both
+//! [`crate::S3Store`] and [`crate::AwsKms`] set it before loading; a caller building an SDK
+//! client of its own (a test's admin client) takes [`aws_http_client`].
+
+use aws_sdk_s3::config::SharedHttpClient;
+use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
+use aws_smithy_http_client::tls::{Provider, TlsContext};
+
+/// The HTTP(S) client Ferry's AWS SDK clients use, trusting the platform's roots: for an SDK
+/// client built outside this crate, which has no client of its own.
+#[must_use]
+pub fn aws_http_client() -> SharedHttpClient {
+    client(None)
+}
+
+/// An HTTPS (and plain HTTP) client trusting the platform's roots, or `tls`'s trust store.
+pub(crate) fn client(tls: Option<TlsContext>) -> SharedHttpClient {
+    let builder =
+        aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring));
+    match tls {
+        Some(tls) => builder.tls_context(tls).build_https(),
+        None => builder.build_https(),
+    }
+}
