@@ -24,7 +24,7 @@
 //! ```
 //!
 //! Needs root and `losetup`. The loop device and the work folder are released on exit, also
-//! after an error.
+//! after an error or Ctrl-C (which stops the backup or restore under way).
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -95,7 +95,7 @@ impl Loop {
         if !out.status.success() {
             return Err(format!("losetup: {}", String::from_utf8_lossy(&out.stderr)).into());
         }
-        Ok(Self(PathBuf::from(String::from_utf8(out.stdout)?.trim())))
+        Ok(Self(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())))
     }
 }
 
@@ -161,12 +161,14 @@ fn gbps(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / secs / 1e9
 }
 
-fn row(label: &str, s: &VolumeBackupSummary, changed: u64) {
+/// A table row; `changed` is the change an incremental reads for (none for the first backup).
+fn row(label: &str, s: &VolumeBackupSummary, changed: Option<u64>) {
     let secs = s.duration.as_secs_f64();
+    let ratio =
+        changed.map_or("-".to_owned(), |c| format!("{:.2}", s.bytes_read as f64 / c.max(1) as f64));
     println!(
-        "| {label} | {secs:.2} | {:.1} | {:.2} | {:.1} | {:.1} |",
+        "| {label} | {secs:.2} | {:.1} | {ratio} | {:.1} | {:.1} |",
         s.bytes_read as f64 / MIB as f64,
-        s.bytes_read as f64 / changed.max(1) as f64,
         s.bytes_from_parent as f64 / MIB as f64,
         gbps(s.size, secs),
     );
@@ -214,13 +216,25 @@ async fn verify(
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    if args.size == 0 || args.data > args.size || !(0.0..=100.0).contains(&args.change) {
+    if args.size == 0
+        || args.data == 0
+        || args.data > args.size
+        || !(0.0..=100.0).contains(&args.change)
+    {
         return Err("need 0 < --data <= --size and 0 <= --change <= 100".into());
     }
     let size = args.size * GIB;
     let work =
         Work(tempfile::Builder::new().prefix("ferry-cbt-bench.").tempdir_in(&args.work)?.keep());
     let cancel = CancellationToken::new();
+    // Ctrl-C stops the backup or restore under way; the guards then release the loop device
+    // and the work folder.
+    let interrupt = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            interrupt.cancel();
+        }
+    });
     let mut rng = SeededRng::new(args.seed);
 
     // The volume: a sparse image with data extents spread evenly, seen through a loop device.
@@ -238,6 +252,7 @@ async fn main() -> Result<()> {
     drop(file);
     let device = Loop::attach(&image)?;
 
+    std::fs::create_dir(work.0.join("repo"))?;
     let store: Arc<dyn ObjectStore> = Arc::new(FsStore::open(work.0.join("repo"))?);
     let password = format!("cbt-volume-benchmark-{}", rng.next_u64());
     let (repo, _) =
@@ -283,9 +298,9 @@ async fn main() -> Result<()> {
     );
     println!("| backup | seconds | MiB read | read / changed | MiB from parent | GB/s of volume |");
     println!("|---|---:|---:|---:|---:|---:|");
-    row("first (allocated ranges)", &first, changed_bytes);
-    row("incremental, changed ranges", &delta, changed_bytes);
-    row("incremental, full read", &full, changed_bytes);
+    row("first (allocated ranges)", &first, None);
+    row("incremental, changed ranges", &delta, Some(changed_bytes));
+    row("incremental, full read", &full, Some(changed_bytes));
     println!(
         "\nChanged ranges vs full read: {:.1}x faster, {:.2}x the changed bytes read.",
         full.duration.as_secs_f64() / delta.duration.as_secs_f64(),

@@ -157,7 +157,7 @@ async fn holding_pods_follow_the_node_agent_config() -> TestResult {
 
 /// An agent tolerating every taint (a keyless `Exists`, as many DaemonSets do) needs the
 /// nodes' taint keys for its holding pods' tolerations: five exposures in a row list the nodes
-/// once between them (the exposer's taint cache), from the API server's watch cache
+/// once between them (the exposer's taint cache, once per 30 s), from the API server's watch cache
 /// (`resourceVersion=0`), and each holding pod gets the narrowed tolerations, never the
 /// cordon's.
 #[tokio::test]
@@ -184,6 +184,7 @@ async fn exposures_in_a_row_list_the_nodes_taints_once() -> TestResult {
     let backups = CsiBackupExposer::new(recording, config);
     let velero = Velero::new(client.clone(), &ns, "ferry", "default");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let started = std::time::Instant::now();
     for i in 0..5 {
         let pvc = format!("data-{i}");
         sim.create_pvc(&ns, &pvc, "8Mi", VolumeMode::Filesystem, Binding::Immediate).await?;
@@ -200,7 +201,13 @@ async fn exposures_in_a_row_list_the_nodes_taints_once() -> TestResult {
         );
     }
     let lists: Vec<_> = requests.all().into_iter().filter(|s| s.is_list_of("nodes")).collect();
-    assert_eq!(lists.len(), 1, "node LISTs of five exposures: {lists:?}");
+    // Once per 30 s (the cache's age): once, unless this machine took that long.
+    let allowed = 1 + started.elapsed().as_secs() / 30;
+    assert!(
+        !lists.is_empty() && lists.len() as u64 <= allowed,
+        "node LISTs of five exposures in {:?}, at most {allowed} allowed: {lists:?}",
+        started.elapsed()
+    );
     assert!(lists[0].query.contains("resourceVersion=0"), "{lists:?}");
     sim.shutdown().await?;
     Ok(())

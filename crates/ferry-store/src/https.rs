@@ -9,8 +9,10 @@
 //! client of its own (a test's admin client) takes [`aws_http_client`].
 
 use aws_sdk_s3::config::SharedHttpClient;
+use aws_smithy_http_client::proxy::ProxyConfig;
 use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
 use aws_smithy_http_client::tls::{Provider, TlsContext};
+use aws_smithy_http_client::{Builder, ConnectorBuilder};
 
 /// The HTTP(S) client Ferry's AWS SDK clients use, trusting the platform's roots: for an SDK
 /// client built outside this crate, which has no client of its own.
@@ -20,11 +22,22 @@ pub fn aws_http_client() -> SharedHttpClient {
 }
 
 /// An HTTPS (and plain HTTP) client trusting the platform's roots, or `tls`'s trust store.
+/// As the SDKs' own default client does: the SDK's connect and read timeouts and its sleep
+/// for each connection, and the proxy the environment names (`HTTPS_PROXY`, `HTTP_PROXY`,
+/// `ALL_PROXY`, `NO_PROXY`, lower case too), so a node that reaches S3, KMS or STS only
+/// through a proxy still does.
 pub(crate) fn client(tls: Option<TlsContext>) -> SharedHttpClient {
-    let builder =
-        aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring));
-    match tls {
-        Some(tls) => builder.tls_context(tls).build_https(),
-        None => builder.build_https(),
-    }
+    Builder::new().build_with_connector_fn(move |settings, components| {
+        let mut connector =
+            ConnectorBuilder::default().tls_provider(Provider::Rustls(CryptoMode::Ring));
+        if let Some(tls) = &tls {
+            connector.set_tls_context(tls.clone());
+        }
+        connector.set_connector_settings(settings.cloned());
+        if let Some(components) = components {
+            connector.set_sleep_impl(components.sleep_impl());
+        }
+        connector.set_proxy_config(Some(ProxyConfig::from_env()));
+        connector.build()
+    })
 }

@@ -51,7 +51,8 @@ impl Requests {
 }
 
 /// A client for `config` that records each request in the returned [`Requests`] before
-/// sending it.
+/// sending it. Recorded once per call: the layer sits outside kube's retry layer, so a request
+/// retried after a 429 or 503 counts once (counts are of what the component asked for).
 ///
 /// # Errors
 /// The client cannot be built from `config`.

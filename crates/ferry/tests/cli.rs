@@ -908,3 +908,85 @@ fn the_command_line_restores_devices_set_id_bits_and_privileged_xattrs() {
         .expect("getfattr");
     assert_eq!(String::from_utf8_lossy(&get.stdout), "kept", "trusted.* kept: {get:?}");
 }
+
+/// A forward HTTP proxy on loopback: every connection is passed on to `target`, and the first
+/// request line of each (absolute form, as clients speak to a proxy) is recorded. Serves at
+/// most 64 connections, each in a thread of its own.
+fn forward_proxy(
+    target: std::net::SocketAddr,
+) -> (std::net::SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+    let addr = listener.local_addr().expect("proxy address");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = std::sync::Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for conn in listener.incoming().take(64) {
+            let Ok(client) = conn else { return };
+            let log = std::sync::Arc::clone(&log);
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(client.try_clone().expect("clone"));
+                let mut first = String::new();
+                if reader.read_line(&mut first).is_err() {
+                    return;
+                }
+                log.lock().expect("log").push(first.trim_end().to_owned());
+                let Ok(mut upstream) = TcpStream::connect(target) else { return };
+                let buffered = reader.buffer().to_vec();
+                if upstream.write_all(first.as_bytes()).is_err()
+                    || upstream.write_all(&buffered).is_err()
+                {
+                    return;
+                }
+                let (mut up_read, mut client_write) =
+                    (upstream.try_clone().expect("clone"), client.try_clone().expect("clone"));
+                let back = std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut up_read, &mut client_write);
+                    let _ = client_write.shutdown(Shutdown::Write);
+                });
+                let mut client_read = client;
+                let _ = std::io::copy(&mut client_read, &mut upstream);
+                let _ = upstream.shutdown(Shutdown::Write);
+                let _ = back.join();
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A node that reaches its object store only through a proxy: the proxy the environment names
+/// (`HTTP_PROXY` here, for a plain-HTTP endpoint) carries every S3 request.
+#[test]
+fn s3_requests_go_through_the_proxy_the_environment_names() {
+    let s3 = S3Server::shared();
+    s3.create_bucket("cli-proxy").expect("bucket");
+    let target: std::net::SocketAddr = s3
+        .endpoint()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("moto listens on an IP address and port");
+    let (proxy, seen) = forward_proxy(target);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd =
+        common::ferry_command(&["repo", "init", "--repo", "s3://cli-proxy/ferry/behind-a-proxy"]);
+    cmd.env("AWS_ACCESS_KEY_ID", "ferry-test")
+        .env("AWS_SECRET_ACCESS_KEY", "ferry-test-secret")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("FERRY_S3_ENDPOINT", s3.endpoint())
+        .env("FERRY_S3_REGION", "us-east-1")
+        .env("XDG_CACHE_HOME", dir.path())
+        .env("HTTP_PROXY", format!("http://{proxy}"))
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy")
+        .env_remove("http_proxy");
+    let init = ok(&cmd.output().expect("run ferry"));
+    assert!(init.contains("created repository"), "{init}");
+    let seen = seen.lock().expect("log").clone();
+    let through = format!("http://{target}/cli-proxy");
+    assert!(
+        seen.iter().any(|line| line.contains(&through)),
+        "no request for {through} came through the proxy: {seen:?}"
+    );
+}

@@ -78,7 +78,7 @@ async fn the_prepare_queue_holds_new_uploads_back_and_all_complete() {
         requests.all().into_iter().filter(|s| s.is_list_of("datauploads")).collect();
     assert!(
         !lists.is_empty() && lists.len() <= 2,
-        "DataUpload LISTs of the agent (one per cache expected): {lists:?}"
+        "DataUpload LISTs of the agent (its one DataUpload cache lists once, maybe again after a lost watch): {lists:?}"
     );
     cluster.shutdown().await;
 }
