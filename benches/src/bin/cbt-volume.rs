@@ -9,8 +9,8 @@
 //! first backup reads only those extents (`ReadPlan::Only`, the driver's allocated ranges).
 //! Then `--change` percent of the volume is rewritten in 1 MiB extents at random places (half
 //! inside the data, half in free space), through the device, and two incrementals of that one
-//! state run, each with the first backup as parent: the delta first, then the full read (which
-//! then finds the changed chunks already stored: the comparison is, if anything, kind to it).
+//! state run, each with the first backup as parent and each in the repository as the first
+//! backup left it (the full read in a copy of it), so both read and store the same change.
 //! Both incrementals are restored and compared with the device byte for byte (`--no-verify`
 //! skips that).
 //!
@@ -20,7 +20,8 @@
 //!
 //! ```text
 //! cargo build --release -p ferry-benches --bin cbt-volume
-//! target/release/cbt-volume [--size 50] [--data 5] [--change 1] [--work /var/tmp] [--drop-caches]
+//! target/release/cbt-volume [--size 50] [--data 5] [--change 1] [--work /var/tmp]
+//!                            [--repo-dir /dev/shm] [--drop-caches]
 //! ```
 //!
 //! Needs root and `losetup`. The loop device and the work folder are released on exit, also
@@ -62,9 +63,13 @@ struct Args {
     /// Percent of the volume rewritten before the incrementals.
     #[arg(long, default_value_t = 1.0)]
     change: f64,
-    /// Where the image, the repository and the restores go (a folder is made inside).
+    /// Where the image, the repositories and the restores go (a folder is made inside).
     #[arg(long, default_value = "/var/tmp")]
     work: PathBuf,
+    /// Where the two repositories go instead (a folder is made inside), e.g. `/dev/shm` to take
+    /// the storage's write speed out of the comparison: both incrementals store the same change.
+    #[arg(long)]
+    repo_dir: Option<PathBuf>,
     /// Seed of the data and of the changed places.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -136,6 +141,21 @@ fn write_random(file: &File, rng: &mut SeededRng, offset: u64, len: u64) -> Resu
         rng.fill(&mut buf[..n]);
         file.write_all_at(&buf[..n], offset + done)?;
         done += n as u64;
+    }
+    Ok(())
+}
+
+/// Copies the folder tree `from` to `to` (regular files and folders: a file-system repository).
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
     }
     Ok(())
 }
@@ -252,8 +272,14 @@ async fn main() -> Result<()> {
     drop(file);
     let device = Loop::attach(&image)?;
 
-    std::fs::create_dir(work.0.join("repo"))?;
-    let store: Arc<dyn ObjectStore> = Arc::new(FsStore::open(work.0.join("repo"))?);
+    let repos = match &args.repo_dir {
+        Some(dir) => {
+            Work(tempfile::Builder::new().prefix("ferry-cbt-bench-repos.").tempdir_in(dir)?.keep())
+        }
+        None => Work(work.0.join("repos")),
+    };
+    std::fs::create_dir_all(repos.0.join("repo"))?;
+    let store: Arc<dyn ObjectStore> = Arc::new(FsStore::open(repos.0.join("repo"))?);
     let password = format!("cbt-volume-benchmark-{}", rng.next_u64());
     let (repo, _) =
         Repository::init(store, password.as_bytes(), &InitOptions::default(), &cancel).await?;
@@ -280,13 +306,20 @@ async fn main() -> Result<()> {
     let changed = merged(changed);
     let changed_bytes: u64 = changed.iter().map(|(_, l)| l).sum();
 
+    // Each incremental starts from the same repository: the full read gets a copy of it as it
+    // was after the first backup, so both store the changed chunks.
+    let copy = repos.0.join("repo-copy");
+    copy_tree(&repos.0.join("repo"), &copy)?;
+    let copied: Arc<dyn ObjectStore> = Arc::new(FsStore::open(&copy)?);
+    let repo_copy = Repository::open(copied, password.as_bytes(), &cancel).await?;
+
     let parent = Some(first.snapshot_id);
     drop_caches(args.drop_caches)?;
     let delta =
         backup(&repo, &device.0, parent, ReadPlan::ChangedSinceParent(changed), size, &cancel)
             .await?;
     drop_caches(args.drop_caches)?;
-    let full = backup(&repo, &device.0, parent, ReadPlan::Everything, size, &cancel).await?;
+    let full = backup(&repo_copy, &device.0, parent, ReadPlan::Everything, size, &cancel).await?;
 
     println!(
         "Volume {} GiB, {} GiB of data in {} extents of 4 MiB; changed {:.1} MiB ({} % of the volume) in 1 MiB extents.\n",
@@ -309,7 +342,7 @@ async fn main() -> Result<()> {
 
     if !args.no_verify {
         verify(&repo, &delta.snapshot_id, &device.0, &work.0, size, &cancel).await?;
-        verify(&repo, &full.snapshot_id, &device.0, &work.0, size, &cancel).await?;
+        verify(&repo_copy, &full.snapshot_id, &device.0, &work.0, size, &cancel).await?;
     }
     drop(device);
     Ok(())
