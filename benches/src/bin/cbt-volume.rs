@@ -110,15 +110,6 @@ impl Drop for Loop {
     }
 }
 
-/// The work folder, removed on drop.
-struct Work(PathBuf);
-
-impl Drop for Work {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Ascending, disjoint ranges: sorted, overlapping and touching ones merged.
 fn merged(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     ranges.sort_unstable();
@@ -244,8 +235,7 @@ async fn main() -> Result<()> {
         return Err("need 0 < --data <= --size and 0 <= --change <= 100".into());
     }
     let size = args.size * GIB;
-    let work =
-        Work(tempfile::Builder::new().prefix("ferry-cbt-bench.").tempdir_in(&args.work)?.keep());
+    let work = tempfile::Builder::new().prefix("ferry-cbt-bench.").tempdir_in(&args.work)?;
     let cancel = CancellationToken::new();
     // Ctrl-C stops the backup or restore under way; the guards then release the loop device
     // and the work folder.
@@ -258,7 +248,7 @@ async fn main() -> Result<()> {
     let mut rng = SeededRng::new(args.seed);
 
     // The volume: a sparse image with data extents spread evenly, seen through a loop device.
-    let image = work.0.join("volume.img");
+    let image = work.path().join("volume.img");
     let file = OpenOptions::new().create_new(true).read(true).write(true).open(&image)?;
     file.set_len(size)?;
     let extents = args.data * GIB / DATA_EXTENT;
@@ -272,14 +262,16 @@ async fn main() -> Result<()> {
     drop(file);
     let device = Loop::attach(&image)?;
 
-    let repos = match &args.repo_dir {
-        Some(dir) => {
-            Work(tempfile::Builder::new().prefix("ferry-cbt-bench-repos.").tempdir_in(dir)?.keep())
-        }
-        None => Work(work.0.join("repos")),
-    };
-    std::fs::create_dir_all(repos.0.join("repo"))?;
-    let store: Arc<dyn ObjectStore> = Arc::new(FsStore::open(repos.0.join("repo"))?);
+    // Removed on drop, like the work folder.
+    let own_repos = args
+        .repo_dir
+        .as_ref()
+        .map(|dir| tempfile::Builder::new().prefix("ferry-cbt-bench-repos.").tempdir_in(dir))
+        .transpose()?;
+    let repos =
+        own_repos.as_ref().map_or_else(|| work.path().join("repos"), |d| d.path().to_owned());
+    std::fs::create_dir_all(repos.join("repo"))?;
+    let store: Arc<dyn ObjectStore> = Arc::new(FsStore::open(repos.join("repo"))?);
     let password = format!("cbt-volume-benchmark-{}", rng.next_u64());
     let (repo, _) =
         Repository::init(store, password.as_bytes(), &InitOptions::default(), &cancel).await?;
@@ -308,8 +300,8 @@ async fn main() -> Result<()> {
 
     // Each incremental starts from the same repository: the full read gets a copy of it as it
     // was after the first backup, so both store the changed chunks.
-    let copy = repos.0.join("repo-copy");
-    copy_tree(&repos.0.join("repo"), &copy)?;
+    let copy = repos.join("repo-copy");
+    copy_tree(&repos.join("repo"), &copy)?;
     let copied: Arc<dyn ObjectStore> = Arc::new(FsStore::open(&copy)?);
     let repo_copy = Repository::open(copied, password.as_bytes(), &cancel).await?;
 
@@ -341,8 +333,8 @@ async fn main() -> Result<()> {
     );
 
     if !args.no_verify {
-        verify(&repo, &delta.snapshot_id, &device.0, &work.0, size, &cancel).await?;
-        verify(&repo_copy, &full.snapshot_id, &device.0, &work.0, size, &cancel).await?;
+        verify(&repo, &delta.snapshot_id, &device.0, work.path(), size, &cancel).await?;
+        verify(&repo_copy, &full.snapshot_id, &device.0, work.path(), size, &cancel).await?;
     }
     drop(device);
     Ok(())

@@ -14,8 +14,8 @@ use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
 use aws_smithy_http_client::tls::{Provider, TlsContext};
 use aws_smithy_http_client::{Builder, ConnectorBuilder};
 
-/// The HTTP(S) client Ferry's AWS SDK clients use, trusting the platform's roots: for an SDK
-/// client built outside this crate, which has no client of its own.
+/// The HTTP(S) client every AWS SDK client of Ferry's gets, trusting the platform's roots
+/// (S3 and KMS here, and SDK clients built elsewhere, which have no client of their own).
 #[must_use]
 pub fn aws_http_client() -> SharedHttpClient {
     client(None)

@@ -413,7 +413,7 @@ mod aws {
                 .read_timeout(options.read_timeout)
                 .build();
             let mut loader = aws_config::defaults(BehaviorVersion::latest())
-                .http_client(crate::https::client(None))
+                .http_client(crate::aws_http_client())
                 .retry_config(retry)
                 .timeout_config(timeouts);
             // A key ARN says where the key is: calls elsewhere could not find it.

@@ -265,7 +265,7 @@ pub(super) async fn client(options: &S3Options) -> StoreResult<aws_sdk_s3::Clien
         .read_timeout(options.read_timeout)
         .build();
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
-        .http_client(crate::https::client(None))
+        .http_client(crate::aws_http_client())
         .retry_config(retry)
         .timeout_config(timeouts);
     // A custom endpoint rarely cares about the region; don't probe instance metadata for one.
