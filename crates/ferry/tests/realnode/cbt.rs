@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::node::{self, TestResult};
 
-const MIB: u64 = 1 << 20;
+pub const MIB: u64 = 1 << 20;
 /// Ferry's agent account, as its chart installs it (in Velero's namespace).
 const AGENT_ACCOUNT: &str = "velero/ferry-agent";
 
@@ -46,6 +46,8 @@ fn ranges(answer: &Value) -> Vec<(u64, u64)> {
 async fn the_drivers_service_reports_allocated_and_changed_blocks_to_the_agents_account()
 -> TestResult {
     let node = node::node();
+    // Not while a test redirects the driver's service object (cbt_wrong).
+    let _agent = node::AGENT.read().await;
     let client = node.client()?;
     let ns = node.namespace("cbt").await?;
     node::create_pvc(&client, &ns, "data", "64Mi", "Block").await?;
@@ -110,7 +112,7 @@ dd if=/dev/urandom of=/dev/volume bs=4k count=1 seek=600 conv=fsync 2>/dev/null"
 }
 
 /// The number after `prefix` in `text` (`read 123 bytes` → 123).
-fn number_after(text: &str, prefix: &str) -> Option<u64> {
+pub fn number_after(text: &str, prefix: &str) -> Option<u64> {
     let rest = &text[text.find(prefix)? + prefix.len()..];
     rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
@@ -204,6 +206,17 @@ async fn content_when(
     }
 }
 
+/// Deletes DataUpload `du`, as Velero does when it deletes the backup, and waits until the
+/// agent has released the base snapshot the backup kept.
+pub async fn release_base(client: &kube::Client, du: &ferry_api::DataUpload) -> TestResult {
+    let name = node::name_of(du);
+    kube::Api::<ferry_api::DataUpload>::namespaced(client.clone(), ferry_testbed::VELERO_NAMESPACE)
+        .delete(&name, &kube::api::DeleteParams::default())
+        .await?;
+    content_when(client, &name, "released", |c| c.is_none()).await?;
+    Ok(())
+}
+
 /// Whether `content` is kept as a delta base: labelled, `Retain`, its VolumeSnapshot gone.
 fn is_kept(content: Option<&ferry_api::VolumeSnapshotContent>) -> bool {
     use kube::ResourceExt;
@@ -214,7 +227,7 @@ fn is_kept(content: Option<&ferry_api::VolumeSnapshotContent>) -> bool {
 }
 
 /// Snapshots `ns/disk`, backs it up as `backup` and waits for Completed.
-async fn back_up(
+pub async fn back_up(
     client: &kube::Client,
     ns: &str,
     backup: &str,
@@ -224,16 +237,17 @@ async fn back_up(
     node::wait_upload(client, &node::name_of(&du)).await
 }
 
-/// Restores `du` into a new namespace's block PVC; the restored device's MD5.
-async fn restored_md5(
+/// Restores `du` into a new namespace's block PVC `disk` of `size`; that namespace and the
+/// restored device's MD5 (the PVC is left for the caller).
+pub async fn restore_block(
     node: &node::Node,
     client: &kube::Client,
     du: &ferry_api::DataUpload,
-) -> Result<String, Box<dyn std::error::Error>> {
-    let target_ns = node.namespace("cbt-delta-restored").await?;
+    size: &str,
+) -> Result<(String, String), Box<dyn std::error::Error>> {
+    let target_ns = node.namespace("cbt-restored").await?;
     let dd =
-        node::data_download(client, &target_ns, "disk", "128Mi", "Block", du, "cbt-delta-restore")
-            .await?;
+        node::data_download(client, &target_ns, "disk", size, "Block", du, "cbt-restore").await?;
     node::wait_download(client, &node::name_of(&dd)).await?;
     let md5 = node::run_pod(
         client,
@@ -243,12 +257,22 @@ async fn restored_md5(
         "md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log",
     )
     .await?;
+    Ok((target_ns, md5))
+}
+
+/// Restores `du` into a new namespace's 128 MiB block PVC; the restored device's MD5.
+pub async fn restored_md5(
+    node: &node::Node,
+    client: &kube::Client,
+    du: &ferry_api::DataUpload,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let (target_ns, md5) = restore_block(node, client, du, "128Mi").await?;
     node::delete_pvc(client, &target_ns, "disk").await?;
     Ok(md5)
 }
 
 /// Writes `script` (a shell script on `/dev/volume`) to `ns/disk`; the device's MD5 after.
-async fn write(
+pub async fn write(
     client: &kube::Client,
     ns: &str,
     script: &str,
@@ -266,7 +290,7 @@ async fn write(
 /// released. Every restore is bit for bit.
 #[tokio::test]
 async fn incrementals_read_only_what_changed_since_the_kept_base_snapshot() -> TestResult {
-    use kube::api::{Api, DeleteParams, Patch, PatchParams};
+    use kube::api::{Api, Patch, PatchParams};
 
     let node = node::node();
     let _agent = node::AGENT.read().await;
@@ -367,12 +391,8 @@ dd if=/dev/urandom of=/dev/volume bs=4k count=1 seek=4101 conv=fsync 2>/dev/null
     node.ferry(&ns, &["check", "--read-data"]).await?;
 
     // The DataUpload deleted (its backup deleted): the agent releases its base.
-    let third_name = node::name_of(&third);
-    content_when(&client, &third_name, "kept", is_kept).await?;
-    Api::<ferry_api::DataUpload>::namespaced(client.clone(), ferry_testbed::VELERO_NAMESPACE)
-        .delete(&third_name, &DeleteParams::default())
-        .await?;
-    content_when(&client, &third_name, "released", |c| c.is_none()).await?;
+    content_when(&client, &node::name_of(&third), "kept", is_kept).await?;
+    release_base(&client, &third).await?;
     cbt(&["delta", "-n", &ns, &probe, "--base-handle", &second_handle], AGENT_ACCOUNT)
         .expect_err("the base released by hand is still known to the driver");
     node::delete_pvc(&client, &ns, "disk").await?;

@@ -282,51 +282,19 @@ async fn filled_volumes(client: &Client, ns: &str) -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn holding_pods_gone_while_waiting_for_a_slot_or_mid_backup_fail_their_uploads() -> TestResult
-{
-    let node = node::node();
-    // Alone: the stalled transfer holds the node's only data-movement slot, and the tests
-    // share the gate.
-    let _agent = node::AGENT.write().await;
-    let client = node.client()?;
-    let gate = gate(node).await?;
-    let ns = node.namespace("held-up").await?;
-    filled_volumes(&client, &ns).await?;
-    let (files, disk) =
-        (node::snapshot(&client, &ns, "files").await?, node::snapshot(&client, &ns, "disk").await?);
-
-    let _reopen = Reopen(gate);
-    gate.close();
-    let moving =
-        node::data_upload_to(&client, GATED_BSL, &ns, "files", &files, "held-moving").await?;
-    let moving = name_of(&moving);
-    stall_mid_transfer::<DataUpload>(&client, &moving, gate).await?;
-    // The node's only data-movement slot (the chart's concurrency is 1) is taken: this one
-    // waits, Prepared, with its volume located.
-    let waiting = name_of(&node::data_upload(&client, &ns, "disk", &disk, "held-waiting").await?);
-    let waiting_uid = remove_holder(&client, &waiting, Remove::Evict, true).await?;
-    let status = wait_failed::<DataUpload>(&client, &waiting).await?;
+/// While the node's one data-movement slot is taken: a DataUpload canceled by Velero while
+/// Prepared (waiting for the slot) ends Canceled, its holding pod gone; one canceled before any
+/// agent took it (Velero cancels the DataUploads of a backup deleted while they wait) ends
+/// Canceled, never exposed.
+async fn cancels_while_prepared_or_new(client: &Client, ns: &str) -> TestResult {
+    let snapshot = node::snapshot(client, ns, "disk").await?;
+    let prepared = name_of(&node::data_upload(client, ns, "disk", &snapshot, "held-cancel").await?);
+    holder_running(client, &prepared, true).await?;
+    cancel(client, &prepared).await?;
+    let status = wait_phase::<DataUpload>(client, &prepared, "Canceled").await?;
     assert!(status["startTimestamp"].is_null(), "it never started moving: {status}");
-    let message = status["message"].as_str().unwrap_or_default();
-    assert!(
-        message.contains("while it waited for a data-movement slot")
-            && message.contains("no data was moved"),
-        "{message}"
-    );
-
-    // Canceled by Velero while Prepared, waiting for the slot: Canceled, its objects gone.
-    let snapshot = node::snapshot(&client, &ns, "disk").await?;
-    let prepared =
-        name_of(&node::data_upload(&client, &ns, "disk", &snapshot, "held-cancel").await?);
-    holder_running(&client, &prepared, true).await?;
-    cancel(&client, &prepared).await?;
-    let status = wait_phase::<DataUpload>(&client, &prepared, "Canceled").await?;
-    assert!(status["startTimestamp"].is_null(), "it never started moving: {status}");
-    // And canceled before any agent took it (Velero cancels the DataUploads of a backup
-    // deleted while they wait): Canceled, never exposed.
-    let snapshot = node::snapshot(&client, &ns, "disk").await?;
-    let source = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns).get("disk").await?;
+    let snapshot = node::snapshot(client, ns, "disk").await?;
+    let source = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns).get("disk").await?;
     let mover = velero_crs::Mover { datamover: node::MOVER, bsl: node::BSL };
     let mut early = velero_crs::data_upload(
         &mover,
@@ -339,7 +307,7 @@ async fn holding_pods_gone_while_waiting_for_a_slot_or_mid_backup_fail_their_upl
     early.spec.cancel = true;
     let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let early = name_of(&uploads.create(&Default::default(), &early).await?);
-    wait_phase::<DataUpload>(&client, &early, "Canceled").await?;
+    wait_phase::<DataUpload>(client, &early, "Canceled").await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     for name in [&prepared, &early] {
         let deadline = Instant::now() + WAIT;
@@ -348,20 +316,66 @@ async fn holding_pods_gone_while_waiting_for_a_slot_or_mid_backup_fail_their_upl
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
+    Ok(())
+}
 
-    let moving_uid = remove_holder(&client, &moving, Remove::Delete, false).await?;
-    let status = wait_failed::<DataUpload>(&client, &moving).await?;
-    let message = status["message"].as_str().unwrap_or_default();
-    assert!(
-        message.contains("while the data moved")
-            && message.contains("nothing of this backup was recorded"),
-        "{message}"
-    );
-    assert_eq!(status["snapshotID"].as_str().unwrap_or_default(), "", "no snapshot: {status}");
-    gate.open();
+#[tokio::test]
+async fn holding_pods_gone_while_waiting_for_a_slot_or_mid_backup_fail_their_uploads() -> TestResult
+{
+    let node = node::node();
+    // Alone: the stalled transfer holds the node's only data-movement slot, and the tests
+    // share the gate.
+    let _agent = node::AGENT.write().await;
+    let client = node.client()?;
+    let gate = gate(node).await?;
+    let ns = node.namespace("held-up").await?;
+    filled_volumes(&client, &ns).await?;
 
-    kubelet_forgets(node, &waiting_uid).await?;
-    kubelet_forgets(node, &moving_uid).await?;
+    let _reopen = Reopen(gate);
+    let mut gone = Vec::new();
+    // Each volume mode in both moments, each moment with both ways a pod goes away.
+    for (pvc, mid_move, waiting_for_slot) in
+        [("files", Remove::Delete, Remove::Evict), ("disk", Remove::Evict, Remove::Delete)]
+    {
+        gate.close();
+        let snapshot = node::snapshot(&client, &ns, pvc).await?;
+        let moving =
+            node::data_upload_to(&client, GATED_BSL, &ns, pvc, &snapshot, "held-moving").await?;
+        let moving = name_of(&moving);
+        stall_mid_transfer::<DataUpload>(&client, &moving, gate).await?;
+        // The node's only data-movement slot (the chart's concurrency is 1) is taken: this one
+        // waits, Prepared, with its volume located.
+        let snapshot = node::snapshot(&client, &ns, pvc).await?;
+        let waiting =
+            name_of(&node::data_upload(&client, &ns, pvc, &snapshot, "held-waiting").await?);
+        gone.push(remove_holder(&client, &waiting, waiting_for_slot, true).await?);
+        let status = wait_failed::<DataUpload>(&client, &waiting).await?;
+        assert!(status["startTimestamp"].is_null(), "it never started moving: {status}");
+        let message = status["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("while it waited for a data-movement slot")
+                && message.contains("no data was moved"),
+            "{pvc}: {message}"
+        );
+        if pvc == "files" {
+            cancels_while_prepared_or_new(&client, &ns).await?;
+        }
+
+        gone.push(remove_holder(&client, &moving, mid_move, false).await?);
+        let status = wait_failed::<DataUpload>(&client, &moving).await?;
+        let message = status["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("while the data moved")
+                && message.contains("nothing of this backup was recorded"),
+            "{pvc}: {message}"
+        );
+        assert_eq!(status["snapshotID"].as_str().unwrap_or_default(), "", "no snapshot: {status}");
+        gate.open();
+    }
+
+    for uid in &gone {
+        kubelet_forgets(node, uid).await?;
+    }
     node::delete_pvc(&client, &ns, "files").await?;
     node::delete_pvc(&client, &ns, "disk").await?;
     node::no_leaked_devices(node).await
@@ -388,9 +402,10 @@ async fn holding_pods_gone_mid_restore_fail_their_downloads_and_nothing_is_hande
     let _reopen = Reopen(gate);
     let target = node.namespace("held-down-to").await?;
     let mut gone = Vec::new();
-    for ((pvc, size, mode, how), from) in [
-        ("files", "512Mi", "Filesystem", Remove::Delete),
-        ("disk", "256Mi", "Block", Remove::Evict),
+    // Each volume mode in both moments, each moment with both ways a pod goes away.
+    for ((pvc, size, mode, mid_move, waiting_for_slot), from) in [
+        ("files", "512Mi", "Filesystem", Remove::Delete, Remove::Evict),
+        ("disk", "256Mi", "Block", Remove::Evict, Remove::Delete),
     ]
     .into_iter()
     .zip(&backups)
@@ -399,30 +414,30 @@ async fn holding_pods_gone_mid_restore_fail_their_downloads_and_nothing_is_hande
         let dd = node::data_download(&client, &target, pvc, size, mode, from, "held-r").await?;
         let dd = name_of(&dd);
         stall_mid_transfer::<DataDownload>(&client, &dd, gate).await?;
-        if pvc == "files" {
-            // The case that restored onto the node's own disk once: a file-system restore
-            // whose volume is located, then unmounted while it waits for the slot the stalled
-            // one holds.
-            let waiting =
-                node::data_download(&client, &target, "waiting", size, mode, from, "held-w")
-                    .await?;
-            let waiting = name_of(&waiting);
-            gone.push(remove_holder(&client, &waiting, Remove::Delete, true).await?);
-            let status = wait_failed::<DataDownload>(&client, &waiting).await?;
-            let message = status["message"].as_str().unwrap_or_default();
-            assert!(
-                message.contains("while it waited for a data-movement slot")
-                    && message.contains("no data was moved"),
-                "{message}"
-            );
-            unbound(&client, &target, "waiting").await?;
-        }
-        gone.push(remove_holder(&client, &dd, how, false).await?);
+        // A restore whose volume is located, then unmounted while it waits for the slot the
+        // stalled one holds (a file-system restore once restored onto the node's own disk
+        // this way).
+        let waiting_pvc = format!("waiting-{pvc}");
+        let waiting =
+            node::data_download(&client, &target, &waiting_pvc, size, mode, from, "held-w").await?;
+        let waiting = name_of(&waiting);
+        gone.push(remove_holder(&client, &waiting, waiting_for_slot, true).await?);
+        let status = wait_failed::<DataDownload>(&client, &waiting).await?;
+        assert!(status["startTimestamp"].is_null(), "it never started moving: {status}");
+        let message = status["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("while it waited for a data-movement slot")
+                && message.contains("no data was moved"),
+            "{pvc}: {message}"
+        );
+        unbound(&client, &target, &waiting_pvc).await?;
+
+        gone.push(remove_holder(&client, &dd, mid_move, false).await?);
         let status = wait_failed::<DataDownload>(&client, &dd).await?;
         let message = status["message"].as_str().unwrap_or_default();
         assert!(
             message.contains("the restored volume is incomplete and was not handed over"),
-            "{message}"
+            "{pvc}: {message}"
         );
         gate.open();
         unbound(&client, &target, pvc).await?;
@@ -431,7 +446,8 @@ async fn holding_pods_gone_mid_restore_fail_their_downloads_and_nothing_is_hande
         kubelet_forgets(node, uid).await?;
     }
     let claims = [(&ns, "files"), (&ns, "disk"), (&target, "files"), (&target, "disk")];
-    for (namespace, pvc) in claims.into_iter().chain([(&target, "waiting")]) {
+    let waiting = [(&target, "waiting-files"), (&target, "waiting-disk")];
+    for (namespace, pvc) in claims.into_iter().chain(waiting) {
         node::delete_pvc(&client, namespace, pvc).await?;
     }
     node::no_leaked_devices(node).await

@@ -494,3 +494,96 @@ async fn a_cordoned_node_gets_no_holding_pod_until_it_is_uncordoned() -> TestRes
     node::delete_pvc(&client, &ns, "data").await?;
     Ok(())
 }
+
+/// The `data-path threads` line of the Ready agent pod whose container limits are `limits`
+/// (JSON, as the API server returns them), once it logged it (read where the kubelet keeps
+/// the container's log).
+async fn agent_threads_line(
+    node: &node::Node,
+    client: &kube::Client,
+    limits: &serde_json::Value,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        for pod in pods.list(&ListParams::default().labels(AGENT_LABELS)).await?.items {
+            let spec = serde_json::to_value(&pod.spec)?;
+            let ready = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            if pod.metadata.deletion_timestamp.is_some()
+                || !ready
+                || &spec["containers"][0]["resources"]["limits"] != limits
+            {
+                continue;
+            }
+            let dir = node.cluster.nodes()[0].dir().join("var-log/pods").join(format!(
+                "{VELERO_NAMESPACE}_{}_{}",
+                name_of(&pod),
+                pod.metadata.uid.clone().unwrap_or_default()
+            ));
+            let files = std::fs::read_dir(dir.join("agent")).into_iter().flatten().flatten();
+            let log: String =
+                files.map(|f| std::fs::read_to_string(f.path()).unwrap_or_default()).collect();
+            if let Some(line) = log.lines().find(|l| l.contains("data-path threads")) {
+                return Ok(line.to_owned());
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no Ready agent with limits {limits} logged its threads").into());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The agent plans its data-path threads from its own pod's limits, as the real kubelet sets
+/// them in the pod's cgroups: the chart's memory limit, then a CPU limit of 1 and 1 GiB set on
+/// the DaemonSet (one CPU allows two threads), then the chart's again.
+#[tokio::test]
+async fn the_agents_data_path_threads_follow_its_pods_cpu_and_memory_limits() -> TestResult {
+    use kube::api::{Patch, PatchParams};
+
+    let node = node::node();
+    // Alone: the agent's pod is replaced twice.
+    let _agent = node::AGENT.write().await;
+    let client = node.client()?;
+    let sets: Api<ferry_api::k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    let set = serde_json::to_value(sets.get("ferry-agent").await?)?;
+    let chart = set["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"].clone();
+    assert_eq!(chart["memory"], "2Gi", "the chart's default limits: {chart}");
+    let line = agent_threads_line(node, &client, &chart).await?;
+    assert!(line.contains("the memory limit of 2048 MiB"), "{line}");
+
+    // Strategic merge on the container named `agent`; a null removes a limit.
+    let set_limits = |cpu: serde_json::Value, memory: &str| {
+        Patch::Strategic(serde_json::json!({ "spec": { "template": { "spec": { "containers": [{
+            "name": "agent",
+            "resources": { "limits": { "cpu": cpu, "memory": memory } },
+        }]}}}}))
+    };
+    let small = serde_json::json!({ "cpu": "1", "memory": "1Gi" });
+    sets.patch("ferry-agent", &PatchParams::default(), &set_limits("1".into(), "1Gi")).await?;
+    let line = agent_threads_line(node, &client, &small).await;
+    // The chart's limits again, whatever happened (a few tries: later tests need them).
+    let chart_limits = set_limits(chart["cpu"].clone(), chart["memory"].as_str().unwrap_or("2Gi"));
+    let mut tries = 0;
+    while let Err(e) = sets.patch("ferry-agent", &PatchParams::default(), &chart_limits).await {
+        tries += 1;
+        assert!(tries < 5, "the DaemonSet's limits could not be put back: {e}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let line = line?;
+    // One CPU allows two threads; 1 GiB allows (512 - 160) / 32 = 11.
+    assert!(
+        line.contains("2 worker threads: 1 CPUs allow 2")
+            && line.contains("the memory limit of 1024 MiB")
+            && line.contains("allows 11"),
+        "{line}"
+    );
+    agent_threads_line(node, &client, &chart).await?;
+    node.cluster.wait_agent_ready(&client).await?;
+    Ok(())
+}

@@ -8,6 +8,8 @@
 //! start, every test fails with the reason.
 
 mod cbt;
+mod cbt_ext4;
+mod cbt_wrong;
 mod holder;
 mod lifecycle;
 mod node;
