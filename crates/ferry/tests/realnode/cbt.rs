@@ -206,6 +206,23 @@ async fn content_when(
     }
 }
 
+/// A block PVC `ns/disk` of `size` whose backups keep their physical snapshot as the next
+/// delta's base (the PVC's [`ferry_expose::KEEP_BASE_ANNOTATION`] set to `true`).
+pub async fn kept_block_pvc(client: &kube::Client, ns: &str, size: &str) -> TestResult {
+    use kube::api::{Patch, PatchParams};
+    node::create_pvc(client, ns, "disk", size, "Block").await?;
+    let keep = serde_json::json!({
+        "metadata": { "annotations": { ferry_expose::KEEP_BASE_ANNOTATION: "true" } }
+    });
+    kube::Api::<ferry_api::k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+        client.clone(),
+        ns,
+    )
+    .patch("disk", &PatchParams::default(), &Patch::Merge(&keep))
+    .await?;
+    Ok(())
+}
+
 /// Deletes DataUpload `du`, as Velero does when it deletes the backup, and waits until the
 /// agent has released the base snapshot the backup kept.
 pub async fn release_base(client: &kube::Client, du: &ferry_api::DataUpload) -> TestResult {

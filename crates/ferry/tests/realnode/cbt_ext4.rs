@@ -12,9 +12,8 @@ use std::process::Command;
 
 use ferry_api::k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::Api;
-use kube::api::{Patch, PatchParams};
 
-use crate::cbt::{MIB, back_up, number_after, release_base, restore_block};
+use crate::cbt::{MIB, back_up, kept_block_pvc, number_after, release_base, restore_block};
 use crate::node::{self, TestResult};
 
 /// Big enough for the 256 MiB change; every volume made from a snapshot is written whole.
@@ -124,13 +123,7 @@ async fn an_ext4_volume_backs_up_by_allocated_ranges_then_by_delta_and_restores_
     let _agent = node::AGENT.read().await;
     let client = node.client()?;
     let ns = node.namespace("cbt-ext4").await?;
-    node::create_pvc(&client, &ns, "disk", SIZE, "Block").await?;
-    let keep = serde_json::json!({
-        "metadata": { "annotations": { ferry_expose::KEEP_BASE_ANNOTATION: "true" } }
-    });
-    Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns)
-        .patch("disk", &PatchParams::default(), &Patch::Merge(&keep))
-        .await?;
+    kept_block_pvc(&client, &ns, SIZE).await?;
     // Provisioned on first use.
     node::run_pod(&client, &ns, "disk", true, "true").await?;
     let image = backing_file(node, &client, &ns, "disk").await?;

@@ -31,7 +31,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Server};
 use tonic::{Request, Response, Status};
 
-use crate::cbt::{MIB, back_up, release_base, restored_md5, write};
+use crate::cbt::{MIB, back_up, kept_block_pvc, release_base, restored_md5, write};
 use crate::node::{self, TestResult};
 
 /// Where the nodes reach the proxy.
@@ -240,13 +240,7 @@ async fn wrong_deltas(
         *fault.lock().map_err(|_| "poisoned")? = f;
         Ok(())
     };
-    node::create_pvc(client, ns, "disk", "128Mi", "Block").await?;
-    let pvcs: Api<ferry_api::k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-        Api::namespaced(client.clone(), ns);
-    let keep = serde_json::json!({
-        "metadata": { "annotations": { ferry_expose::KEEP_BASE_ANNOTATION: "true" } }
-    });
-    pvcs.patch("disk", &PatchParams::default(), &Patch::Merge(&keep)).await?;
+    kept_block_pvc(client, ns, "128Mi").await?;
     write(client, ns, "dd if=/dev/urandom of=/dev/volume bs=1M count=120 conv=fsync 2>/dev/null")
         .await?;
     let first = back_up(client, ns, "cbt-wrong-1").await?;
