@@ -7,9 +7,11 @@
 //! [`SNAPSHOT_INFO_LABEL`]; data `backupStorageLocation`, `volumeNamespace`, `snapshotID`,
 //! `datamover`). Every agent runs [`forget_recorded`] periodically: it forgets each recorded
 //! snapshot of its mover (a snapshot already gone counts as forgotten), runs garbage
-//! collection on the repositories it touched, and deletes the record only then, so a crash
-//! at any point leaves the record for the next round. Agents racing on one record do the same
-//! idempotent work; the repository's gc lock lets one collector run at a time.
+//! collection on the repositories it touched, and deletes the record only once that
+//! collection has run, so a crash at any point, or a collection that could not run (another
+//! collector held the repository's lock: the plugin's records and the DataUpload finalizer
+//! both forget), leaves the record for the next round. Agents racing on one record do the
+//! same idempotent work; the repository's gc lock lets one collector run at a time.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -105,10 +107,13 @@ pub async fn forget_recorded(
         if done.is_empty() {
             continue;
         }
-        // The snapshots are forgotten; space not collected now comes back at a later
-        // collection (the caller logs why, and publishes a stop).
+        // Only a collection that started after the forgets frees their space: while none has
+        // (another collector holds the lock, the store is unreachable, a damaged object stops
+        // it) the records stay, and the next round forgets (already gone) and collects again.
+        // The caller logs why, and publishes a stop.
         if let Err(u) = collect_now(&opened, &location, cancel).await {
             round.uncollected.push(u);
+            continue;
         }
         for name in done {
             match maps.delete(&name, &DeleteParams::default()).await {

@@ -8,11 +8,13 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::{BSL, SOURCE_NS, World};
-use ferry_api::k8s_openapi::api::core::v1::Secret;
+use ferry_api::k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use ferry_api::k8s_openapi::api::events::v1::Event;
+use ferry_mover::deletion::{SNAPSHOT_INFO_LABEL, forget_recorded};
 use ferry_mover::space::{COLLECTION_STOPPED, LocationEvents};
 use ferry_mover::{MoverError, RepositorySource};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use ferry_store::ObjectKey;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -148,20 +150,26 @@ async fn a_stalled_repository_holds_up_no_other() {
     assert!(ended.expect("cancel ends the stalled open").expect("join").is_err());
 }
 
+/// A snapshot of twenty files of 40 kB in `repo`.
+async fn twenty_files_backed_up(
+    repo: &ferry_repo::Repository,
+    cancel: &CancellationToken,
+) -> ferry_repo::BackupSummary {
+    let src = tempfile::tempdir().expect("tempdir");
+    for n in 0..20u8 {
+        std::fs::write(src.path().join(format!("f{n}")), vec![n; 40_000]).expect("write");
+    }
+    let options = ferry_repo::BackupOptions::default();
+    ferry_repo::backup_tree(repo, src.path(), &options, None, cancel).await.expect("backup")
+}
+
 #[tokio::test]
 async fn a_collection_that_stops_says_why_on_the_location() {
     let world = World::new("kept-gc-stop").await;
     let cancel = CancellationToken::new();
     let source = world.source();
     let opened = source.open(BSL, SOURCE_NS, &cancel).await.expect("open");
-    let src = tempfile::tempdir().expect("tempdir");
-    for n in 0..20u8 {
-        std::fs::write(src.path().join(format!("f{n}")), vec![n; 40_000]).expect("write");
-    }
-    let options = ferry_repo::BackupOptions::default();
-    ferry_repo::backup_tree(&opened.repo, src.path(), &options, None, &cancel)
-        .await
-        .expect("backup");
+    twenty_files_backed_up(&opened.repo, &cancel).await;
 
     // The index is lost (a hostile or broken bucket): the snapshot's data is in packs no
     // index names. Collecting now would delete them as orphans; gc must stop instead.
@@ -199,6 +207,61 @@ async fn a_collection_that_stops_says_why_on_the_location() {
     );
     let note = event.note.as_deref().unwrap_or_default();
     assert!(note.contains("deleted nothing") && note.contains("ferry check"), "{note}");
+}
+
+/// A deleted backup's record (written by Ferry's delete action) stays until a collection that
+/// started after the forget has run: while another collector holds the repository's lock
+/// (the DataUpload finalizer forgets too) the snapshot is forgotten but the record kept, and
+/// the next round collects the space and deletes the record.
+#[tokio::test]
+async fn a_deleted_backups_record_stays_until_its_space_is_collected() {
+    let world = World::new("kept-gc-record").await;
+    let cancel = CancellationToken::new();
+    let source = world.source();
+    let opened = source.open(BSL, SOURCE_NS, &cancel).await.expect("open");
+    let summary = twenty_files_backed_up(&opened.repo, &cancel).await;
+    let maps: Api<ConfigMap> = Api::namespaced(world.client.clone(), &world.namespace);
+    let record: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": "du-1-ferry-info", "namespace": world.namespace,
+                      "labels": { SNAPSHOT_INFO_LABEL: "true" } },
+        "data": { "backupStorageLocation": BSL, "volumeNamespace": SOURCE_NS,
+                  "snapshotID": summary.snapshot_id.to_string(), "datamover": "ferry" },
+    }))
+    .expect("record");
+    maps.create(&PostParams::default(), &record).await.expect("create record");
+
+    // Another collector's live lease on the repository's lock (its documented key form:
+    // holder, then expiry in Unix seconds).
+    let store = world.store("velero/plugins/ferry/app").await;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock");
+    let expires = now.as_secs() + 120;
+    let lock = ObjectKey::new(format!("gc/lock-{}-{expires:020}", "ab".repeat(16))).expect("key");
+    store.put_if_absent(&lock, "another collector".into(), &cancel).await.expect("lease");
+    let packs_before = store.list("data/", &cancel).await.expect("list data").len();
+    assert!(packs_before > 0);
+
+    let round = forget_recorded(&world.client, &world.namespace, "ferry", &source, &cancel)
+        .await
+        .expect("round");
+    assert_eq!(round.forgotten, 1, "{round:?}");
+    let [held] = round.uncollected.as_slice() else { panic!("one repository: {round:?}") };
+    assert!(!held.stopped, "a held lock is a wait: {held:?}");
+    assert!(maps.get_opt("du-1-ferry-info").await.expect("get").is_some(), "record kept");
+    assert!(opened.repo.snapshots(&cancel).await.expect("list").is_empty(), "forgotten");
+    let packs_held = store.list("data/", &cancel).await.expect("list data").len();
+    assert_eq!(packs_held, packs_before, "nothing collected under another's lock");
+
+    // The other collector is done: the next round finds the snapshot gone, collects, and
+    // deletes the record.
+    store.delete(&lock, &cancel).await.expect("release");
+    let round = forget_recorded(&world.client, &world.namespace, "ferry", &source, &cancel)
+        .await
+        .expect("round");
+    assert!(round.uncollected.is_empty() && round.failed.is_empty(), "{round:?}");
+    assert!(maps.get_opt("du-1-ferry-info").await.expect("get").is_none(), "record deleted");
+    let packs_after = store.list("data/", &cancel).await.expect("list data").len();
+    assert!(packs_after < packs_before, "{packs_after} of {packs_before} packs left");
 }
 
 #[tokio::test]
