@@ -3,8 +3,8 @@
 //! example plugin through Velero's plugin registry, calls it through Velero's plugin manager,
 //! and exits non-zero on any answer other than the expected one.
 //!
-//! The Go program is built by `ferry_testbed::goplugin_host` (cached per version of its
-//! sources; the first build downloads Velero's dependencies and takes minutes).
+//! The Go program is built inside Velero's own build by `scripts/build-velero.sh` (`make tools`;
+//! cached per Velero version and source of the host).
 #![allow(clippy::unwrap_used)]
 
 mod support;

@@ -1,5 +1,5 @@
 //! The proof that Velero can load Ferry's plugin and drive a real backup: `interop/goplugin-host`
-//! (Velero v1.18.1's own plugin registry and manager over hashicorp/go-plugin, built from the Go
+//! (Velero v1.18.3's own plugin registry and manager over hashicorp/go-plugin, built from the Go
 //! module proxy) discovers the `ferry` binary installed as `velero-plugin-ferry`, lists its
 //! plugins, and calls the PVC backup action's AppliesTo, Execute and Progress on a real PVC
 //! while Ferry's agents move the data; this test checks what Velero saw against the cluster.
