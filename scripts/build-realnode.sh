@@ -45,6 +45,9 @@ crd_file=cbt.storage.k8s.io_snapshotmetadataservices.yaml
 have() { [[ -x "$bin/$1" && "$(cat "$bin/.$1.version" 2>/dev/null)" == "$2" ]]; }
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+# No DWARF from the compiler: the linker strips it anyway (-w), and skipping it saves ~11 % of
+# the compile (measured on etcd v3.6.8, cold: 144 s of CPU time with DWARF, 128 without).
+nodwarf=-gcflags=all=-dwarf=false
 
 log() { printf 'build-realnode: %s\n' "$*" >&2; }
 done_with() { # done_with NAME VERSION START
@@ -120,7 +123,7 @@ tools() {
 # gobuild DIR NAME PKG [go build args...]
 gobuild() {
   local dir="$1" name="$2" pkg="$3"; shift 3
-  (cd "$dir" && go build -trimpath "$@" -o "$bin/$name.partial" "$pkg") >&2
+  (cd "$dir" && go build -trimpath "$nodwarf" "$@" -o "$bin/$name.partial" "$pkg") >&2
   mv "$bin/$name.partial" "$bin/$name"
 }
 
@@ -155,7 +158,7 @@ func main() {
 	}
 }
 GO
-  (cd "$d/pause-src" && go mod init ferry.local/pause >/dev/null 2>&1 && go build -trimpath -ldflags "-s -w" -o "$d/pause/rootfs/pause" .)
+  (cd "$d/pause-src" && go mod init ferry.local/pause >/dev/null 2>&1 && go build -trimpath "$nodwarf" -ldflags "-s -w" -o "$d/pause/rootfs/pause" .)
   cp /bin/busybox "$d/busybox/rootfs/bin/busybox"
   local a
   for a in sh ls cat echo sleep md5sum sha256sum stat find mkdir rm cp mv ln dd head tail wc sync touch grep sed awk \
