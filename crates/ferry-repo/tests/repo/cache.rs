@@ -3,7 +3,7 @@
 //! costs reads from the store, and the whole cache directory, every repository's folder
 //! together, stays within one budget.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! Restoring over a target that already holds traps (symlinks and hard links pointing outside,
 //! left by an earlier restore or planted by someone) never writes outside the target.
 
-mod common;
+use crate::common;
 
 use common::{TestResult, memory_repo};
 use ferry_repo::{BackupOptions, RestoreOptions, backup_tree, restore};

@@ -2,7 +2,7 @@
 //! rules of opening and key changes) and against moto's KMS (moto serves it on the S3 port),
 //! with the repository on moto's S3.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! merged into one pack, and the format a repository is created with (its config's version
 //! byte, its pack headers).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! Backup and restore round trips over the tree of hard cases, on the in-memory and the
 //! file-system store; incremental backups; progress; cancellation; unreadable files.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! The repository on a real S3 server (moto over HTTP): racing initialisation, the tree of
 //! hard cases, volume images, and two writers backing up into one repository at once.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! Damaged objects are detected and named: packs, index files, snapshots, key files.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

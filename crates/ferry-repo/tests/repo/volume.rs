@@ -6,7 +6,7 @@
 //! Needs root, `losetup`, `mkfs.ext4` and `mount`. Every loop device and mount is released by a
 //! guard's `Drop`, so nothing is left behind when an assertion fails.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};

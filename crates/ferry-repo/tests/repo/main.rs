@@ -1,0 +1,14 @@
+//! The repository's integration tests, one binary: each module was a test binary of its own,
+//! and each compiled the repository's generic code again (at the repository's opt-level).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cache;
+mod hostile;
+mod kms;
+mod placement;
+mod roundtrip;
+mod s3;
+mod tamper;
+mod volume;
