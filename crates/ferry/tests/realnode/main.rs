@@ -17,3 +17,13 @@ mod round_trip;
 mod velero;
 #[path = "../support/velero_crs.rs"]
 mod velero_crs;
+
+/// The real Velero server's scenarios (`velero.rs`), one after another as one test. As one test
+/// they hold one of libtest's threads while the other runs this binary's other tests beside
+/// them; as separate tests they held both threads, one waiting for the other's Velero server.
+/// libtest starts tests in the order of their names, and this name sorts first: the longest
+/// chain starts at once instead of running alone at the end.
+#[tokio::test]
+async fn a_real_velero_server_drives_ferry_in_each_scenario_in_turn() -> node::TestResult {
+    velero::each_scenario_in_turn().await
+}

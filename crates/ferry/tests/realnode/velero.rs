@@ -13,23 +13,21 @@
 //! - The Velero server killed while Ferry moves a backup's data, then started again.
 
 use std::collections::BTreeSet;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use ferry_api::k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
 use ferry_api::{DataUpload, DataUploadPhase};
 use ferry_testbed::VELERO_NAMESPACE;
 use ferry_testbed::velero::{self, VeleroOptions, VeleroServer};
+use futures::FutureExt as _;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
 
 use crate::holder;
 use crate::node::{self, TestResult, WAIT};
 use crate::round_trip::{BLOCK_MANIFEST, BLOCK_WRITE, FS_MANIFEST, FS_WRITE};
-
-/// One Velero server at a time: Velero's namespace is fixed, its controller manager always
-/// listens on port 8080 of the node's network, and two servers would both act on every
-/// Backup.
-static VELERO: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn velero_api<K: kube::Resource<DynamicType = ()>>(client: &Client) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), VELERO_NAMESPACE, &ApiResource::erase::<K>(&()))
@@ -245,11 +243,61 @@ fn new_bytes(uploads: &[DataUpload]) -> i64 {
     uploads.iter().map(|d| d.status.as_ref().map_or(0, |s| s.incremental_bytes)).sum()
 }
 
-#[tokio::test]
+/// A scenario: its name and the test it runs.
+type Scenario = (&'static str, fn() -> Pin<Box<dyn Future<Output = TestResult>>>);
+
+/// Every scenario, one after another, each even after another failed (a panic included); the
+/// error names each one that failed. One Velero server runs at a time: Velero's namespace is
+/// fixed, its controller manager always listens on port 8080 of the node's network, and two
+/// servers would both act on every Backup.
+pub async fn each_scenario_in_turn() -> TestResult {
+    let scenarios: [Scenario; 4] = [
+        ("velero_backs_up_and_restores_through_ferry_on_the_real_node", || {
+            Box::pin(velero_backs_up_and_restores_through_ferry_on_the_real_node())
+        }),
+        ("a_schedule_with_a_63_character_name_runs_twice_and_restores_on_the_real_node", || {
+            Box::pin(a_schedule_with_a_63_character_name_runs_twice_and_restores_on_the_real_node())
+        }),
+        ("with_ferrys_plugin_each_volume_is_one_operation_on_the_real_node", || {
+            Box::pin(with_ferrys_plugin_each_volume_is_one_operation_on_the_real_node())
+        }),
+        ("velero_restarted_while_ferry_moves_the_data_on_the_real_node", || {
+            Box::pin(velero_restarted_while_ferry_moves_the_data_on_the_real_node())
+        }),
+    ];
+    let mut failed = Vec::new();
+    for (name, scenario) in scenarios {
+        let started = Instant::now();
+        eprintln!("velero scenario {name}: started");
+        let outcome = match AssertUnwindSafe(scenario()).catch_unwind().await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(panic) => Some(
+                panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|m| (*m).to_owned()))
+                    .map_or_else(|| "panicked".to_owned(), |m| format!("panicked: {m}")),
+            ),
+        };
+        let took = started.elapsed().as_secs();
+        match outcome {
+            None => eprintln!("velero scenario {name}: passed after {took} s"),
+            Some(why) => {
+                eprintln!("velero scenario {name}: FAILED after {took} s: {why}");
+                failed.push(format!("{name}: {why}"));
+            }
+        }
+    }
+    if failed.is_empty() {
+        return Ok(());
+    }
+    Err(format!("{} of 4 Velero scenarios failed:\n{}", failed.len(), failed.join("\n")).into())
+}
+
 async fn velero_backs_up_and_restores_through_ferry_on_the_real_node() -> TestResult {
     let node = node::node();
     let _agent = node::AGENT.read().await;
-    let _velero = VELERO.lock().await;
     let client = node.client()?;
     velero::install_crds(node.cluster.control_plane())?;
     let mut server = VeleroServer::start_on_node(node.cluster, &VeleroOptions::default())?;
@@ -325,12 +373,10 @@ async fn velero_backs_up_and_restores_through_ferry_on_the_real_node() -> TestRe
 /// from its second run; then its first backup deleted. The backups' names exceed 63
 /// characters, so their `velero.io/backup-name` labels are cut and hashed: the agent goes by
 /// the DataUploads' owner and forgets only the first run's snapshots.
-#[tokio::test]
 async fn a_schedule_with_a_63_character_name_runs_twice_and_restores_on_the_real_node() -> TestResult
 {
     let node = node::node();
     let _agent = node::AGENT.read().await;
-    let _velero = VELERO.lock().await;
     let client = node.client()?;
     velero::install_crds(node.cluster.control_plane())?;
     let mut server = VeleroServer::start_on_node(node.cluster, &VeleroOptions::default())?;
@@ -454,11 +500,9 @@ async fn schedule_backups(
 /// no PVC action of its own), the restore works, and `velero backup delete` still forgets the
 /// snapshots and collects their space (whichever of the plugin and the agent's finalizer
 /// gets there first: both are installed as users install them).
-#[tokio::test]
 async fn with_ferrys_plugin_each_volume_is_one_operation_on_the_real_node() -> TestResult {
     let node = node::node();
     let _agent = node::AGENT.read().await;
-    let _velero = VELERO.lock().await;
     let client = node.client()?;
     velero::install_crds(node.cluster.control_plane())?;
     let options = VeleroOptions {
@@ -509,12 +553,10 @@ async fn with_ferrys_plugin_each_volume_is_one_operation_on_the_real_node() -> T
 ///   restores.
 ///
 /// Deleting each backup makes the agent forget whatever it recorded.
-#[tokio::test]
 async fn velero_restarted_while_ferry_moves_the_data_on_the_real_node() -> TestResult {
     let node = node::node();
     // Alone: the stalled transfer holds the node's only data-movement slot.
     let _agent = node::AGENT.write().await;
-    let _velero = VELERO.lock().await;
     let client = node.client()?;
     velero::install_crds(node.cluster.control_plane())?;
     let mut server = VeleroServer::start_on_node(node.cluster, &VeleroOptions::default())?;
