@@ -11,6 +11,7 @@
 # Environment: FERRY_VELERO_VERSION (default v1.18.3), FERRY_VELERO_AWS_VERSION (default
 # v1.14.3), XDG_CACHE_HOME. A cold build takes about 10-15 minutes on two cores (it shares Go's
 # module and build caches with scripts/build-control-plane.sh); a warm run takes milliseconds.
+# Another Velero version must be one `interop/goplugin-host/main.go` compiles against.
 set -euo pipefail
 
 velero_version="${FERRY_VELERO_VERSION:-v1.18.3}"
@@ -18,7 +19,8 @@ aws_version="${FERRY_VELERO_AWS_VERSION:-v1.14.3}"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/ferry"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 host_src="$root/interop/goplugin-host/main.go"
-host_key="$(sha256sum "$host_src" | cut -c1-12)"
+# Keyed by the plugin host's source and by this script (its pins and build flags).
+host_key="$(cat "$host_src" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-12)"
 out="$cache/velero-${velero_version}-aws-${aws_version}-host-${host_key}"
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod

@@ -39,7 +39,7 @@ if [[ ${1:-} == --packages-only ]]; then
 fi
 log "building the test control plane (cached after the first run)"
 scripts/build-control-plane.sh >/dev/null
-log "building Velero and its AWS plugin for the real-Velero tests (cached after the first run)"
+log "building Velero, its AWS plugin and the Go plugin host for the real-Velero tests (cached after the first run)"
 scripts/build-velero.sh >/dev/null
 log "building the real node's components for the real-cluster tests (cached after the first run)"
 scripts/build-realnode.sh >/dev/null

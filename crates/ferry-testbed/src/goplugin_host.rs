@@ -17,7 +17,11 @@ pub fn build() -> anyhow::Result<PathBuf> {
     let dir = crate::velero::velero_dir()?;
     let host = dir.join("goplugin-host");
     if !host.is_file() {
-        bail!("{} has no goplugin-host: run scripts/build-velero.sh", dir.display());
+        bail!(
+            "{} has no goplugin-host: unset FERRY_VELERO_BIN, or point it at a folder \
+             scripts/build-velero.sh built",
+            dir.display()
+        );
     }
     Ok(host)
 }

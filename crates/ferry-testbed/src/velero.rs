@@ -20,7 +20,7 @@ use crate::{ControlPlane, VELERO_NAMESPACE, paths};
 /// The Velero version `scripts/build-velero.sh` builds by default.
 pub const VELERO_VERSION: &str = "v1.18.3";
 
-/// The folder holding `velero`, `velero-plugin-for-aws` and `velero-crds.yaml`:
+/// The folder holding `velero`, `velero-plugin-for-aws`, `velero-crds.yaml` and `goplugin-host`:
 /// `$FERRY_VELERO_BIN`, or what `scripts/build-velero.sh` prints (it builds them once).
 ///
 /// # Errors

@@ -265,13 +265,15 @@ pub async fn each_scenario_in_turn() -> TestResult {
             Box::pin(velero_restarted_while_ferry_moves_the_data_on_the_real_node())
         }),
     ];
+    let total = scenarios.len();
     let mut failed = Vec::new();
     for (name, scenario) in scenarios {
         let started = Instant::now();
         eprintln!("velero scenario {name}: started");
         let outcome = match AssertUnwindSafe(scenario()).catch_unwind().await {
             Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.to_string()),
+            // Debug: with the causes of a contextual error, as libtest prints a test's error.
+            Ok(Err(e)) => Some(format!("{e:?}")),
             Err(panic) => Some(
                 panic
                     .downcast_ref::<String>()
@@ -292,7 +294,8 @@ pub async fn each_scenario_in_turn() -> TestResult {
     if failed.is_empty() {
         return Ok(());
     }
-    Err(format!("{} of 4 Velero scenarios failed:\n{}", failed.len(), failed.join("\n")).into())
+    Err(format!("{} of {total} Velero scenarios failed:\n{}", failed.len(), failed.join("\n"))
+        .into())
 }
 
 async fn velero_backs_up_and_restores_through_ferry_on_the_real_node() -> TestResult {
