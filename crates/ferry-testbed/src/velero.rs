@@ -20,6 +20,9 @@ use crate::{ControlPlane, VELERO_NAMESPACE, paths};
 /// The Velero version `scripts/build-velero.sh` builds by default.
 pub const VELERO_VERSION: &str = "v1.18.3";
 
+/// The most DeleteBackupRequests [`VeleroServer::delete_backup`] makes for one Backup.
+pub const DELETE_ATTEMPTS: usize = 3;
+
 /// The folder holding `velero`, `velero-plugin-for-aws`, `velero-crds.yaml` and `goplugin-host`:
 /// `$FERRY_VELERO_BIN`, or what `scripts/build-velero.sh` prints (it builds them once).
 ///
@@ -344,6 +347,96 @@ impl VeleroServer {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// `velero backup delete NAME --confirm`, then waits (up to `timeout` per request) until the
+    /// Backup object is gone.
+    ///
+    /// Velero processes a DeleteBackupRequest once. After deleting the backup's data it deletes
+    /// the restores made from it and gives their finalizers one minute; past that it records
+    /// "error deleting restore ..." and keeps the Backup, and its user deletes again. On a busy
+    /// machine that minute runs out, so that error alone asks once more (at most
+    /// [`DELETE_ATTEMPTS`] requests in all). Any other error of Velero's ends the wait at once,
+    /// with Velero's errors and its error lines.
+    ///
+    /// # Errors
+    /// The CLI failed, Velero's request failed for another reason, or the Backup outlived the
+    /// wait.
+    pub async fn delete_backup(
+        &self,
+        client: &kube::Client,
+        name: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let backups = velero_v1(client, "Backup", "backups");
+        let requests = velero_v1(client, "DeleteBackupRequest", "deletebackuprequests");
+        let selector = format!("velero.io/backup-name={name}");
+        let mut failures = Vec::new();
+        for _ in 0..DELETE_ATTEMPTS {
+            let earlier: Vec<String> = requests
+                .list(&kube::api::ListParams::default().labels(&selector))
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|r| r.metadata.name)
+                .collect();
+            self.cli(&["backup", "delete", name, "--confirm"], timeout)?;
+            let deadline = Instant::now() + timeout;
+            let errors = loop {
+                if backups.get_opt(name).await?.is_none() {
+                    return Ok(());
+                }
+                let listed =
+                    requests.list(&kube::api::ListParams::default().labels(&selector)).await?;
+                let errors: Vec<String> = listed
+                    .items
+                    .iter()
+                    .filter(|r| r.metadata.name.as_ref().is_some_and(|n| !earlier.contains(n)))
+                    .filter(|r| r.data["status"]["phase"] == "Processed")
+                    .flat_map(|r| {
+                        r.data["status"]["errors"].as_array().cloned().unwrap_or_default()
+                    })
+                    .filter_map(|e| e.as_str().map(str::to_owned))
+                    .collect();
+                if !errors.is_empty() {
+                    break errors;
+                }
+                if Instant::now() > deadline {
+                    bail!(
+                        "Backup {name} still there {timeout:?} after velero backup delete{}\n{}",
+                        earlier_failures(&failures),
+                        self.error_lines(40)
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            };
+            let restores_only = errors.iter().all(|e| e.contains("error deleting restore"));
+            failures.push(errors);
+            if !restores_only {
+                break;
+            }
+        }
+        bail!(
+            "Velero did not delete Backup {name}{}\n{}",
+            earlier_failures(&failures),
+            self.error_lines(40)
+        )
+    }
+
+    /// The last `lines` lines of the server's log at level warning or error (its debug lines
+    /// bury them in a plain tail).
+    #[must_use]
+    pub fn error_lines(&self, lines: usize) -> String {
+        let log = self.log();
+        let picked: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("level=error") || l.contains("level=warning"))
+            .collect();
+        let from = picked.len().saturating_sub(lines);
+        format!(
+            "--- velero server log, warnings and errors (last {lines})\n{}",
+            picked[from..].join("\n")
+        )
+    }
+
     /// The folder Velero's plugins are run from.
     #[must_use]
     pub fn plugin_dir(&self) -> PathBuf {
@@ -390,6 +483,31 @@ fn install_plugin(dir: &Path, name: &str, path: &Path) -> anyhow::Result<()> {
     )?;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
     Ok(())
+}
+
+/// A namespaced API of Velero's `velero.io/v1` kind `kind` in Velero's namespace.
+fn velero_v1(
+    client: &kube::Client,
+    kind: &str,
+    plural: &str,
+) -> kube::Api<kube::api::DynamicObject> {
+    let resource = kube::api::ApiResource {
+        group: "velero.io".into(),
+        version: "v1".into(),
+        api_version: "velero.io/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    kube::Api::namespaced_with(client.clone(), VELERO_NAMESPACE, &resource)
+}
+
+/// Velero's errors of earlier DeleteBackupRequests, for a message.
+fn earlier_failures(failures: &[Vec<String>]) -> String {
+    failures
+        .iter()
+        .enumerate()
+        .map(|(i, errors)| format!("\n  request {}: {}", i + 1, errors.join("; ")))
+        .collect()
 }
 
 fn wait_output(mut child: std::process::Child, timeout: Duration) -> anyhow::Result<Output> {

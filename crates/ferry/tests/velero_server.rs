@@ -258,16 +258,10 @@ impl Cluster {
     }
 
     /// `velero backup delete NAME --confirm`, then waits until the Backup object is gone
-    /// (Velero deleted it and Ferry's agents released it).
+    /// (Velero deleted it and Ferry's agents released it); see [`VeleroServer::delete_backup`].
     async fn delete_backup(&self, name: &str) -> TestResult {
-        self.velero.cli(&["backup", "delete", name, "--confirm"], WAIT)?;
-        let start = Instant::now();
-        let api = velero_api(&self.client, "backups");
-        while api.get_opt(name).await?.is_some() {
-            if start.elapsed() > WAIT {
-                return Err(format!("backup {name} still there\n{}", self.diagnostics()).into());
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+        if let Err(e) = self.velero.delete_backup(&self.client, name, WAIT).await {
+            return Err(format!("{e:#}\n{}", self.diagnostics()).into());
         }
         Ok(())
     }
@@ -396,7 +390,11 @@ impl Cluster {
 
     /// Velero's, the agents' and the simulator's state, for failure messages.
     fn diagnostics(&self) -> String {
-        let mut out = format!("--- velero server (tail)\n{}\n", self.velero.log_tail(60));
+        let mut out = format!(
+            "--- velero server (tail)\n{}\n{}\n",
+            self.velero.log_tail(60),
+            self.velero.error_lines(30)
+        );
         // What the agents did with the repositories, whenever it was.
         for entry in std::fs::read_dir(self.logs.path()).into_iter().flatten().flatten() {
             let text = std::fs::read_to_string(entry.path()).unwrap_or_default();

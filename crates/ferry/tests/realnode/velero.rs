@@ -220,22 +220,10 @@ async fn wait_collected(
     }
 }
 
-/// `velero backup delete NAME --confirm`, then waits until the Backup is gone.
+/// `velero backup delete NAME --confirm`, then waits until the Backup is gone (see
+/// [`VeleroServer::delete_backup`]).
 async fn delete_backup(client: &Client, server: &VeleroServer, backup: &str) -> TestResult {
-    server.cli(&["backup", "delete", backup, "--confirm"], WAIT)?;
-    let backups = velero_api::<ferry_api::Backup>(client);
-    let deadline = Instant::now() + WAIT;
-    while backups.get_opt(backup).await?.is_some() {
-        if Instant::now() > deadline {
-            return Err(format!(
-                "Backup {backup} still there {WAIT:?} after velero backup delete\n{}",
-                server.log_tail(30)
-            )
-            .into());
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    Ok(())
+    Ok(server.delete_backup(client, backup, WAIT).await?)
 }
 
 /// The incremental (newly stored) bytes of these DataUploads.
