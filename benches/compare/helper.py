@@ -5,6 +5,10 @@ Subcommands:
   measure   run one command under /usr/bin/time -v with a time limit; append wall time and
             peak RSS to a JSON-lines results file
   record    append one plain value (e.g. a repository size) to the results file
+  record-path  append what crossed the network path during a step (netpath's counts before
+            and after it: requests by method, bytes each way, connections)
+  free-port  print a free TCP port on 127.0.0.1
+  wait-http  wait until a URL answers 200
   stats     count the regular files and bytes of a tree
   mutate    change a deterministic 1 % of a tree's files, in place
   snapshot-id  pull the snapshot ID out of a tool's captured backup output
@@ -21,7 +25,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import socket
 import time
+import urllib.error
+import urllib.request
 
 TOOLS = ("ferry", "kopia", "restic")
 
@@ -88,6 +95,50 @@ def cmd_record(args):
     row = {"tool": args.tool, "run": args.run, "metric": args.metric, "value": args.value}
     with open(args.results, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
+
+
+PATH_COUNTS = ("requests", "PUT", "GET", "HEAD", "POST", "DELETE", "bytes_up", "bytes_down", "connections", "unparsed_streams")
+
+
+def cmd_record_path(args):
+    """Appends what crossed the path between two of netpath's counts, one row per count."""
+    with open(args.before, encoding="utf-8") as f:
+        before = json.load(f)
+    with open(args.after, encoding="utf-8") as f:
+        after = json.load(f)
+
+    def get(doc, key):
+        return doc.get("by_method", {}).get(key, 0) if key.isupper() else doc.get(key, 0)
+
+    with open(args.results, "a", encoding="utf-8") as f:
+        for key in PATH_COUNTS:
+            row = {"tool": args.tool, "run": args.run, "metric": f"{args.metric}:{key}",
+                   "count": get(after, key) - get(before, key)}
+            f.write(json.dumps(row) + "\n")
+    if after.get("unparsed_streams", 0) > before.get("unparsed_streams", 0):
+        print(f"{args.tool} {args.metric}: some requests could not be counted (a stream netpath could not parse)",
+              file=sys.stderr)
+
+
+def cmd_free_port(_args):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        print(s.getsockname()[1])
+
+
+def cmd_wait_http(args):
+    deadline = time.monotonic() + args.timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(args.url, timeout=2) as r:
+                if r.status == 200:
+                    return
+                last = f"status {r.status}"
+        except (urllib.error.URLError, OSError) as e:
+            last = str(e)
+        time.sleep(0.2)
+    sys.exit(f"wait-http: {args.url} did not answer 200 within {args.timeout} s ({last})")
 
 
 def regular_files(root):
@@ -204,6 +255,8 @@ def medians(rows):
             t.setdefault(r["metric"], []).append(r["seconds"])
             if r.get("rss_kib") is not None:
                 t.setdefault(r["metric"] + ":rss", []).append(r["rss_kib"])
+        elif "count" in r:
+            t.setdefault(r["metric"], []).append(r["count"])
         else:
             t.setdefault(r["metric"], []).append(r["value"])
     return {tool: {m: statistics.median(v) for m, v in ms.items()} for tool, ms in acc.items()}
@@ -249,8 +302,20 @@ def cmd_meta(_args):
         "load_before": e["LOAD_BEFORE"],
         "load_after": e["LOAD_AFTER"],
         "machine": {"nproc": e["NPROC"], "cpu": e["CPU"], "memory": e["MEMORY"], "kernel": e["KERNEL"], "disk": e["DISK"]},
+        "remote": e.get("REMOTE", ""),
         "settings": [
-            "All repositories are local directories on the same file system as the data copy.",
+            (
+                "Every repository is in one MinIO server (objects on tmpfs), each tool's in a bucket of its own made "
+                "afresh for each run, reached over netpath: a relay on loopback that delays and rate-limits each "
+                f"direction ({e['REMOTE'].split('/')[0]} ms round trip, {e['REMOTE'].split('/')[1]} Mbit/s each way, "
+                "one link shared by all of a tool's connections, a new connection's first request one round trip "
+                "later for the handshake; no loss, no slow start) and counts the HTTP requests sent. This kernel has "
+                "no netem qdisc, so the path is in user space (benches/src/netpath.rs). Repository sizes are the bytes "
+                "MinIO keeps in the bucket's folder (objects and MinIO's metadata). Each tool keeps its local cache "
+                "between the steps of a run (as a node agent would) and starts each run without one."
+                if e.get("REMOTE")
+                else "All repositories are local directories on the same file system as the data copy."
+            ),
             "Before each tool's sequence the data is copied afresh (cp -a), synced, and read once in full "
             "(warm-up), so every tool starts with the data in the page cache; nothing is dropped from the cache.",
             "The unchanged and 1%-changed backups are of that same working copy, so each tool finds its parent "
@@ -276,6 +341,48 @@ def cmd_meta(_args):
         ],
     }
     json.dump(meta, sys.stdout, indent=1)
+
+
+STEPS = ("backup_first", "backup_unchanged", "backup_changed", "restore")
+
+
+def path_tables(med, tools, data_bytes):
+    """The network path's tables (--remote runs): requests and bytes per step, per GB of data."""
+    if not any(f"{s}:requests" in med[t] for t in tools for s in STEPS):
+        return []
+    gb = data_bytes / 1e9
+    out = ["", "Requests and bytes over the path, per step (medians over runs):", ""]
+    head = ["tool", "step", "requests", "PUT", "GET", "HEAD", "POST", "DELETE", "MB up", "MB down",
+            "connections", "requests per GB of data"]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|")
+    for tool in tools:
+        m = med[tool]
+        for step in STEPS:
+            if f"{step}:requests" not in m:
+                continue
+            c = {k: m.get(f"{step}:{k}", 0) for k in PATH_COUNTS}
+            out.append("| " + " | ".join([
+                tool, step, f"{c['requests']:,.0f}", f"{c['PUT']:,.0f}", f"{c['GET']:,.0f}", f"{c['HEAD']:,.0f}",
+                f"{c['POST']:,.0f}", f"{c['DELETE']:,.0f}", f"{c['bytes_up'] / 1e6:,.1f}",
+                f"{c['bytes_down'] / 1e6:,.1f}", f"{c['connections']:,.0f}", f"{c['requests'] / gb:,.0f}",
+            ]) + " |")
+    if any(med[t].get(f"{s}:unparsed_streams", 0) for t in tools for s in STEPS):
+        out += ["", "**Some streams could not be parsed: their later requests are not counted.**"]
+    if "ferry" in med and len(tools) > 1:
+        out += ["", "Requests, other tool ÷ Ferry (above 1 means Ferry sends fewer):", ""]
+        out.append("| vs | " + " | ".join(STEPS) + " |")
+        out.append("|---|" + "|".join(["---:"] * len(STEPS)) + "|")
+        f = med["ferry"]
+        for tool in tools:
+            if tool == "ferry":
+                continue
+            cells = [tool]
+            for step in STEPS:
+                a, b = med[tool].get(f"{step}:requests"), f.get(f"{step}:requests")
+                cells.append(fmt(a / b if a and b else None) + "×")
+            out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 def cmd_report(args):
@@ -329,11 +436,16 @@ def cmd_report(args):
             fr, orr = f.get("restore:rss"), m.get("restore:rss")
             cells.append(fmt(orr / fr if fr and orr else None) + "×")
             out.append("| " + " | ".join(cells) + " |")
+    out += path_tables(med, tools, data_bytes)
     table = "\n".join(out)
     if args.table_only:
         print(table)
         return
-    doc = [f"# Ferry vs kopia vs restic — {meta['date']} on {meta['host']}", ""]
+    title = f"# Ferry vs kopia vs restic — {meta['date']} on {meta['host']}"
+    if meta.get("remote"):
+        rtt, rate = meta["remote"].split("/")
+        title += f", over a {rtt} ms / {rate} Mbit/s path to MinIO"
+    doc = [title, ""]
     if meta.get("note"):
         doc += [f"**Note:** {meta['note']}", ""]
     d = meta["data"]
@@ -361,7 +473,7 @@ def cmd_report(args):
     doc += ["| run | tool | metric | seconds | peak RSS (MiB) | size |", "|---:|---|---|---:|---:|---:|"]
     for r in rows:
         rss = fmt(r["rss_kib"] / 1024, 0) if r.get("rss_kib") else ""
-        value = f"{r['value'] / 1e6:,.1f} MB" if "value" in r else ""
+        value = f"{r['value'] / 1e6:,.1f} MB" if "value" in r else (f"{r['count']:,}" if "count" in r else "")
         secs = fmt(r["seconds"]) if "seconds" in r else ""
         doc.append(f"| {r['run']} | {r['tool']} | {r['metric']} | {secs} | {rss} | {value} |")
     text = "\n".join(doc) + "\n"
@@ -392,6 +504,23 @@ def main():
     r.add_argument("--metric", required=True)
     r.add_argument("--value", type=float, required=True)
     r.set_defaults(func=cmd_record)
+
+    rpth = sub.add_parser("record-path")
+    rpth.add_argument("--results", required=True)
+    rpth.add_argument("--tool", required=True)
+    rpth.add_argument("--run", type=int, required=True)
+    rpth.add_argument("--metric", required=True)
+    rpth.add_argument("--before", required=True)
+    rpth.add_argument("--after", required=True)
+    rpth.set_defaults(func=cmd_record_path)
+
+    fp = sub.add_parser("free-port")
+    fp.set_defaults(func=cmd_free_port)
+
+    wh = sub.add_parser("wait-http")
+    wh.add_argument("url")
+    wh.add_argument("--timeout", type=float, default=60)
+    wh.set_defaults(func=cmd_wait_http)
 
     s = sub.add_parser("stats")
     s.add_argument("dir")

@@ -12,8 +12,12 @@
 # Usage: benches/compare/run.sh [--data DIR] [--runs N] [--tools ferry,kopia,restic]
 #                               [--work DIR] [--timeout SECONDS] [--note TEXT] [--out FILE]
 #                               [--no-verify] [--restore-dir]
+#                               [--remote RTT_MS/RATE_MBIT] [--s3-dir DIR]
 # --restore-dir restores into a plain directory of the work area instead of a fresh ext4 file
 # system on a loop device (which needs root, losetup and mkfs.ext4).
+# --remote 20/1000 puts every repository in MinIO, reached over a path of 20 ms round trip and
+# 1000 Mbit/s each way (netpath, a relay on loopback: this kernel has no netem), and counts the
+# HTTP requests and bytes of every step; MinIO keeps its objects in --s3-dir (/dev/shm).
 # Without --data, the Linux 6.1 source tree from Debian's linux-source-6.1 package is used
 # (downloaded and extracted once into the cache). See benches/README.md.
 set -euo pipefail
@@ -40,6 +44,10 @@ NOTE=""
 OUT=""
 VERIFY=1
 RESTORE_FS=1
+REMOTE=""
+S3_DIR=/dev/shm
+S3_KEY=ferry-bench
+S3_SECRET=ferry-bench-secret
 
 die() { echo "run.sh: $*" >&2; exit 1; }
 say() { echo "== $*" >&2; }
@@ -55,12 +63,21 @@ while [[ $# -gt 0 ]]; do
     --out) OUT="${2:?}"; shift 2 ;;
     --no-verify) VERIFY=0; shift ;;
     --restore-dir) RESTORE_FS=0; shift ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --remote) REMOTE="${2:?--remote needs RTT_MS/RATE_MBIT, for example 20/1000}"; shift 2 ;;
+    --s3-dir) S3_DIR="${2:?--s3-dir needs a directory}"; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
 [[ "$RUNS" =~ ^[1-9][0-9]?$ ]] || die "--runs must be 1..99"
 [[ "$TIMEOUT" =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive number of seconds"
+if [[ -n "$REMOTE" ]]; then
+  [[ "$REMOTE" =~ ^([1-9][0-9]{0,3})/([1-9][0-9]{0,5})$ ]] ||
+    die "--remote must be RTT_MS/RATE_MBIT, for example 20/1000"
+  RTT_MS="${BASH_REMATCH[1]}"
+  RATE_MBIT="${BASH_REMATCH[2]}"
+  [[ -d "$S3_DIR" ]] || die "no directory $S3_DIR for MinIO's objects (--s3-dir)"
+fi
 IFS=',' read -r -a TOOL_LIST <<<"$TOOLS"
 for t in "${TOOL_LIST[@]}"; do
   case "$t" in ferry|kopia|restic) ;; *) die "unknown tool $t" ;; esac
@@ -134,6 +151,15 @@ linux_tree() {
 want() { [[ ",$TOOLS," == *",$1,"* ]]; }
 
 declare -A VERSION
+if [[ -n "$REMOTE" ]]; then
+  # shellcheck source=benches/compare/minio.sh
+  . "$HERE/minio.sh"
+  MINIO="$(minio_binary)" || die "building MinIO failed"
+  say "building netpath (cargo build --release -p ferry-benches --bin netpath)"
+  (cd "$ROOT" && timeout 3600 cargo build --release -p ferry-benches --bin netpath) >&2 ||
+    die "cargo build --release -p ferry-benches --bin netpath failed"
+  NETPATH="${CARGO_TARGET_DIR:-$ROOT/target}/release/netpath"
+fi
 if want ferry; then
   say "building ferry (cargo build --release -p ferry)"
   (cd "$ROOT" && timeout 3600 cargo build --release -p ferry) >&2 || die "cargo build --release -p ferry failed"
@@ -161,7 +187,7 @@ fi
 # ---------------------------------------------------------------- work area, cleanup
 mkdir -p "$WORK_PARENT"
 WORK="$(mktemp -d "$WORK_PARENT/ferry-compare.XXXXXX")"
-cleanup() { unmount_restore; rm -rf "$WORK"; }
+cleanup() { unmount_restore; stop_remote; rm -rf "$WORK"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 RESULTS="$WORK/results.jsonl"
@@ -170,11 +196,77 @@ SRC="$WORK/src"
 
 measure() { # tool run metric [--stdout F] -- command...
   local tool="$1" run="$2" metric="$3"; shift 3
+  [[ -z "$REMOTE" ]] || path_counts "$WORK/path.before"
   python3 "$HELPER" measure --results "$RESULTS" --tool "$tool" --run "$run" --metric "$metric" \
     --timeout "$TIMEOUT" --stderr "$WORK/$tool-$metric.err" "$@"
+  if [[ -n "$REMOTE" ]]; then
+    path_counts "$WORK/path.after"
+    python3 "$HELPER" record-path --results "$RESULTS" --tool "$tool" --run "$run" --metric "$metric" \
+      --before "$WORK/path.before" --after "$WORK/path.after"
+  fi
 }
 record() { python3 "$HELPER" record --results "$RESULTS" --tool "$1" --run "$2" --metric "$3" --value "$4"; }
+# A repository's bytes: its folder, or with --remote its bucket's folder in MinIO's data folder
+# (object data and MinIO's per-object metadata).
 repo_bytes() { du -sb "$1" | cut -f1; }
+
+# ---------------------------------------------------------------- the S3 path (--remote)
+S3_PID=""
+PATH_PID=""
+S3_DATA=""
+start_remote() {
+  local port console
+  S3_DATA="$(mktemp -d "$S3_DIR/ferry-compare-s3.XXXXXX")"
+  port="$(python3 "$HELPER" free-port)"
+  console="$(python3 "$HELPER" free-port)"
+  MINIO_ROOT_USER="$S3_KEY" MINIO_ROOT_PASSWORD="$S3_SECRET" MINIO_BROWSER=off MINIO_UPDATE=off \
+    "$MINIO" server --quiet --address "127.0.0.1:$port" --console-address "127.0.0.1:$console" \
+    "$S3_DATA" >"$WORK/minio.log" 2>&1 &
+  S3_PID=$!
+  python3 "$HELPER" wait-http "http://127.0.0.1:$port/minio/health/live" --timeout 60 ||
+    { cat "$WORK/minio.log" >&2; die "MinIO did not start"; }
+  "$NETPATH" --upstream "127.0.0.1:$port" --rtt-ms "$RTT_MS" --rate-mbit "$RATE_MBIT" \
+    --stats "$WORK/path.json" --ready-file "$WORK/path.addr" >"$WORK/netpath.log" 2>&1 &
+  PATH_PID=$!
+  for _ in $(seq 1 100); do
+    [[ -s "$WORK/path.addr" ]] || ! kill -0 "$PATH_PID" 2>/dev/null && break
+    sleep 0.1
+  done
+  [[ -s "$WORK/path.addr" ]] || { cat "$WORK/netpath.log" >&2; die "netpath did not start"; }
+  ENDPOINT_HOST="$(cat "$WORK/path.addr")"
+  ENDPOINT="http://$ENDPOINT_HOST"
+  say "MinIO (pid $S3_PID, objects in $S3_DATA) behind netpath at $ENDPOINT: ${RTT_MS} ms round trip, ${RATE_MBIT} Mbit/s each way"
+}
+stop_remote() {
+  local pid
+  for pid in "$PATH_PID" "$S3_PID"; do
+    if [[ -n "$pid" ]]; then
+      kill "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+    fi
+  done
+  PATH_PID=""
+  S3_PID=""
+  if [[ -n "$S3_DATA" ]]; then rm -rf "$S3_DATA"; fi
+  S3_DATA=""
+}
+# The path's counts so far, into $1 (netpath writes them on SIGUSR1).
+path_counts() {
+  rm -f "$WORK/path.json"
+  kill -USR1 "$PATH_PID" || die "netpath is gone (see $WORK/netpath.log)"
+  for _ in $(seq 1 100); do
+    [[ -s "$WORK/path.json" ]] && break
+    sleep 0.05
+  done
+  [[ -s "$WORK/path.json" ]] || die "netpath wrote no counts"
+  mv "$WORK/path.json" "$1"
+}
+# A new, empty bucket for one tool's run, as a folder of MinIO's data folder (MinIO lists its
+# top-level folders as buckets); prints its name.
+new_bucket() {
+  mkdir "$S3_DATA/$1-run$2"
+  echo "$1-run$2"
+}
 
 # The restore target. By default a new ext4 file system on a loop device, made before each
 # restore: a restore goes into a newly provisioned volume, and a directory on the work disk
@@ -219,30 +311,48 @@ quiet() { # runs a setup command, bounded; shows its output only if it fails
 
 # ---------------------------------------------------------------- one tool, one run
 run_ferry() {
-  local run="$1" repo="$WORK/ferry-repo" out="$WORK/ferry.out" first second third
+  local run="$1" dir="$WORK/ferry-repo" url out="$WORK/ferry.out" first second third
   export FERRY_PASSWORD="$PASSWORD"
-  quiet "$FERRY" repo init --repo "file://$repo"
-  measure ferry "$run" backup_first --stdout "$out" -- "$FERRY" backup --repo "file://$repo" --json "$SRC"
+  url="file://$dir"
+  if [[ -n "$REMOTE" ]]; then
+    local bucket
+    bucket="$(new_bucket ferry "$run")"
+    dir="$S3_DATA/$bucket"
+    url="s3://$bucket/repo"
+    export FERRY_S3_ENDPOINT="$ENDPOINT" FERRY_S3_REGION=us-east-1 FERRY_CACHE_DIR="$WORK/ferry-cache" \
+      AWS_ACCESS_KEY_ID="$S3_KEY" AWS_SECRET_ACCESS_KEY="$S3_SECRET"
+  fi
+  quiet "$FERRY" repo init --repo "$url"
+  measure ferry "$run" backup_first --stdout "$out" -- "$FERRY" backup --repo "$url" --json "$SRC"
   first="$(python3 "$HELPER" snapshot-id --tool ferry "$out")"
-  record ferry "$run" repo_bytes_first "$(repo_bytes "$repo")"
-  measure ferry "$run" backup_unchanged --stdout "$out" -- "$FERRY" backup --repo "file://$repo" --parent "$first" --json "$SRC"
+  record ferry "$run" repo_bytes_first "$(repo_bytes "$dir")"
+  measure ferry "$run" backup_unchanged --stdout "$out" -- "$FERRY" backup --repo "$url" --parent "$first" --json "$SRC"
   second="$(python3 "$HELPER" snapshot-id --tool ferry "$out")"
   mutate "$run"
-  measure ferry "$run" backup_changed --stdout "$out" -- "$FERRY" backup --repo "file://$repo" --parent "$second" --json "$SRC"
+  measure ferry "$run" backup_changed --stdout "$out" -- "$FERRY" backup --repo "$url" --parent "$second" --json "$SRC"
   third="$(python3 "$HELPER" snapshot-id --tool ferry "$out")"
-  record ferry "$run" repo_bytes_all "$(repo_bytes "$repo")"
+  record ferry "$run" repo_bytes_all "$(repo_bytes "$dir")"
   mount_restore
-  measure ferry "$run" restore -- "$FERRY" restore --repo "file://$repo" "$third" "$RESTORE"
+  measure ferry "$run" restore -- "$FERRY" restore --repo "$url" "$third" "$RESTORE"
   verify "$RESTORE" ferry
   unmount_restore
-  unset FERRY_PASSWORD
+  unset FERRY_PASSWORD FERRY_S3_ENDPOINT FERRY_S3_REGION FERRY_CACHE_DIR AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
 }
 
 run_kopia() {
   local run="$1" repo="$WORK/kopia-repo" out="$WORK/kopia.out" third
   local common=(--config-file "$WORK/kopia/repository.config" --log-dir "$WORK/kopia/logs")
   export KOPIA_PASSWORD="$PASSWORD" KOPIA_CHECK_FOR_UPDATES=false
-  quiet "$KOPIA" repository create filesystem --path "$repo" --cache-directory "$WORK/kopia/cache" "${common[@]}"
+  if [[ -n "$REMOTE" ]]; then
+    local bucket
+    bucket="$(new_bucket kopia "$run")"
+    repo="$S3_DATA/$bucket"
+    quiet "$KOPIA" repository create s3 --bucket "$bucket" --endpoint "$ENDPOINT_HOST" --disable-tls \
+      --access-key "$S3_KEY" --secret-access-key "$S3_SECRET" --region us-east-1 \
+      --cache-directory "$WORK/kopia/cache" "${common[@]}"
+  else
+    quiet "$KOPIA" repository create filesystem --path "$repo" --cache-directory "$WORK/kopia/cache" "${common[@]}"
+  fi
   quiet "$KOPIA" maintenance set --enable-quick=false --enable-full=false "${common[@]}"
   local snap=("$KOPIA" snapshot create "$SRC" --json --disable-file-logging "${common[@]}")
   measure kopia "$run" backup_first --stdout "$out" -- "${snap[@]}"
@@ -263,21 +373,29 @@ run_kopia() {
 run_restic() {
   local run="$1" out="$WORK/restic.out" third
   export RESTIC_PASSWORD="$PASSWORD" RESTIC_REPOSITORY="$WORK/restic-repo" RESTIC_CACHE_DIR="$WORK/restic-cache"
+  local dir="$RESTIC_REPOSITORY"
+  if [[ -n "$REMOTE" ]]; then
+    local bucket
+    bucket="$(new_bucket restic "$run")"
+    dir="$S3_DATA/$bucket"
+    export RESTIC_REPOSITORY="s3:$ENDPOINT/$bucket" AWS_DEFAULT_REGION=us-east-1 \
+      AWS_ACCESS_KEY_ID="$S3_KEY" AWS_SECRET_ACCESS_KEY="$S3_SECRET"
+  fi
   quiet "$RESTIC" init
   measure restic "$run" backup_first --stdout "$out" -- "$RESTIC" backup --json "$SRC"
   python3 "$HELPER" snapshot-id --tool restic "$out" >/dev/null
-  record restic "$run" repo_bytes_first "$(repo_bytes "$RESTIC_REPOSITORY")"
+  record restic "$run" repo_bytes_first "$(repo_bytes "$dir")"
   measure restic "$run" backup_unchanged --stdout "$out" -- "$RESTIC" backup --json "$SRC"
   mutate "$run"
   measure restic "$run" backup_changed --stdout "$out" -- "$RESTIC" backup --json "$SRC"
   third="$(python3 "$HELPER" snapshot-id --tool restic "$out")"
-  record restic "$run" repo_bytes_all "$(repo_bytes "$RESTIC_REPOSITORY")"
+  record restic "$run" repo_bytes_all "$(repo_bytes "$dir")"
   # `ID:PATH` restores the backed-up directory's content directly into the target.
   mount_restore
   measure restic "$run" restore -- "$RESTIC" restore "$third:$SRC" --target "$RESTORE"
   verify "$RESTORE" restic
   unmount_restore
-  unset RESTIC_PASSWORD RESTIC_REPOSITORY RESTIC_CACHE_DIR
+  unset RESTIC_PASSWORD RESTIC_REPOSITORY RESTIC_CACHE_DIR AWS_DEFAULT_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
 }
 
 MUTATION=""
@@ -296,7 +414,8 @@ verify() {
 }
 
 fresh_copy() {
-  rm -rf "$SRC" "$WORK/restore" "$WORK"/*-repo "$WORK/kopia" "$WORK/restic-cache"
+  rm -rf "$SRC" "$WORK/restore" "$WORK"/*-repo "$WORK/kopia" "$WORK/restic-cache" "$WORK/ferry-cache"
+  if [[ -n "$S3_DATA" ]]; then rm -rf "${S3_DATA:?}"/*-run*; fi
   cp -a "$DATA" "$SRC"
   sync
   # Warm-up read: every tool then starts with the data in the page cache.
@@ -304,6 +423,7 @@ fresh_copy() {
 }
 
 # ---------------------------------------------------------------- the runs
+[[ -z "$REMOTE" ]] || start_remote
 read -r LOAD_BEFORE < <(cut -d' ' -f1-3 /proc/loadavg)
 DATA_STATS="$(python3 "$HELPER" stats "$DATA")"
 say "data: $DATA_LABEL $DATA_STATS; work area $WORK; $RUNS run(s) of ${TOOL_LIST[*]}"
@@ -317,6 +437,8 @@ for ((run = 1; run <= RUNS; run++)); do
   done
 done
 rm -rf "$SRC" "$WORK/restore" "$WORK"/*-repo
+[[ -z "$REMOTE" ]] || grep -h . "$WORK/netpath.log" >&2 || true
+stop_remote
 read -r LOAD_AFTER < <(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---------------------------------------------------------------- report
@@ -324,8 +446,10 @@ HOST="$(hostname 2>/dev/null || cat /proc/sys/kernel/hostname)"
 DATE="$(date +%Y-%m-%d)"
 if [[ -z "$OUT" ]]; then
   mkdir -p "$ROOT/benches/results"
-  OUT="$ROOT/benches/results/$DATE-$HOST.md"
-  [[ -e "$OUT" ]] && OUT="$ROOT/benches/results/$DATE-$HOST-$(date +%H%M%S).md"
+  name="$DATE-$HOST"
+  [[ -z "$REMOTE" ]] || name="$name-remote-${RTT_MS}ms-${RATE_MBIT}mbit"
+  OUT="$ROOT/benches/results/$name.md"
+  [[ -e "$OUT" ]] && OUT="$ROOT/benches/results/$name-$(date +%H%M%S).md"
 fi
 disk="$(df -h --output=source,fstype,size "$WORK" | tail -n 1 | tr -s ' ')"
 CPU="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')" \
@@ -333,7 +457,7 @@ MEMORY="$(free -h | awk '/^Mem:/ {print $2 " total, " $7 " available at the end"
 KERNEL="$(uname -srm)" DISK="$disk" NPROC="$(nproc)" \
 DATE="$DATE" HOST="$HOST" RUNS="$RUNS" NOTE="$NOTE" COMMAND_LINE="$COMMAND_LINE" \
 DATA_STATS="$DATA_STATS" DATA_LABEL="$DATA_LABEL" MUTATION="$MUTATION" VERIFY="$VERIFY" \
-RESTORE_FS="$RESTORE_FS" \
+RESTORE_FS="$RESTORE_FS" REMOTE="$REMOTE" \
 TIMEOUT="$TIMEOUT" LOAD_BEFORE="$LOAD_BEFORE" LOAD_AFTER="$LOAD_AFTER" \
 V_FERRY="${VERSION[ferry]:-}" V_KOPIA="${VERSION[kopia]:-}" V_RESTIC="${VERSION[restic]:-}" \
   python3 "$HELPER" meta >"$WORK/meta.json"

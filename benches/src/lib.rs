@@ -11,7 +11,10 @@
 //!   source checkout with a few large binaries.
 //!
 //! The comparison runner against kopia and restic lives in `compare/` beside this crate's
-//! `Cargo.toml`; see `README.md` there.
+//! `Cargo.toml`; see `README.md` there. Its remote mode runs over [`netpath`], a delayed,
+//! rate-limited relay to the S3 server that counts requests.
+
+pub mod netpath;
 
 use std::fs;
 use std::io;
