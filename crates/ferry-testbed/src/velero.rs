@@ -368,14 +368,17 @@ impl VeleroServer {
     ) -> anyhow::Result<()> {
         let backups = velero_v1(client, "Backup", "backups");
         let requests = velero_v1(client, "DeleteBackupRequest", "deletebackuprequests");
-        let selector = format!("velero.io/backup-name={name}");
+        // Requests are told by their spec (their label holds the name only up to 63
+        // characters, then shortened).
+        let of_backup = |r: &kube::api::DynamicObject| r.data["spec"]["backupName"] == name;
         let mut failures = Vec::new();
         for _ in 0..DELETE_ATTEMPTS {
             let earlier: Vec<String> = requests
-                .list(&kube::api::ListParams::default().labels(&selector))
+                .list(&kube::api::ListParams::default())
                 .await?
                 .items
                 .into_iter()
+                .filter(|r| of_backup(r))
                 .filter_map(|r| r.metadata.name)
                 .collect();
             self.cli(&["backup", "delete", name, "--confirm"], timeout)?;
@@ -384,11 +387,11 @@ impl VeleroServer {
                 if backups.get_opt(name).await?.is_none() {
                     return Ok(());
                 }
-                let listed =
-                    requests.list(&kube::api::ListParams::default().labels(&selector)).await?;
+                let listed = requests.list(&kube::api::ListParams::default()).await?;
                 let errors: Vec<String> = listed
                     .items
                     .iter()
+                    .filter(|r| of_backup(r))
                     .filter(|r| r.metadata.name.as_ref().is_some_and(|n| !earlier.contains(n)))
                     .filter(|r| r.data["status"]["phase"] == "Processed")
                     .flat_map(|r| {
