@@ -124,7 +124,14 @@ wait
 
 for i in "${!titles[@]}"; do
   status=$(cat "$work/$i.log.status" 2>/dev/null || echo "no status")
-  [[ "$status" == 0 ]] || failed+=("${titles[$i]} (exit $status)")
+  [[ "$status" == 0 ]] && continue
+  failed+=("${titles[$i]} (exit $status)")
+  # The start of each failing test's message once more, at the end, where a reader of only
+  # the last part of a long log still sees why it failed.
+  echo "==== why ${titles[$i]} failed (the first lines of each failure; the whole log is above)" >&2
+  awk '/^---- .* stdout ----$/ { n = 0; inside = 1 }
+       /^(failures:|test result:)/ { inside = 0 }
+       inside && n < 25 { print; n++ }' "$work/$i.log" >&2
 done
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "run-tests: ${#failed[@]} of $total test binaries failed:" >&2

@@ -382,15 +382,7 @@ async fn velero_phase(world: &World, plural: &str, name: &str) -> anyhow::Result
 /// The phase of Velero's Backup or Restore `name` now (`New` before Velero has set one).
 async fn velero_phase_now(world: &World, plural: &str, name: &str) -> anyhow::Result<String> {
     let kind = if plural == "backups" { "Backup" } else { "Restore" };
-    let resource = kube::api::ApiResource {
-        group: "velero.io".into(),
-        version: "v1".into(),
-        api_version: "velero.io/v1".into(),
-        kind: kind.into(),
-        plural: plural.into(),
-    };
-    let api: Api<kube::api::DynamicObject> =
-        Api::namespaced_with(world.client()?, VELERO_NAMESPACE, &resource);
+    let api = ferry_testbed::velero::velero_v1(&world.client()?, kind, plural);
     Ok(match api.get_opt(name).await? {
         Some(object) => object.data["status"]["phase"].as_str().unwrap_or("New").to_owned(),
         None => "New".to_owned(),

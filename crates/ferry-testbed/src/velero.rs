@@ -23,6 +23,12 @@ pub const VELERO_VERSION: &str = "v1.18.3";
 /// The most DeleteBackupRequests [`VeleroServer::delete_backup`] makes for one Backup.
 pub const DELETE_ATTEMPTS: usize = 3;
 
+/// Velero's deletion errors that pass with time (see [`VeleroServer::delete_backup`]): its
+/// one minute for the restores' finalizers ran out, its location was Unavailable at the last
+/// validation, or the backup was still tracked as in progress.
+pub const PASSING_DELETE_ERRORS: [&str; 3] =
+    ["error deleting restore", "is currently in Unavailable state", "backup is still in progress"];
+
 /// The folder holding `velero`, `velero-plugin-for-aws`, `velero-crds.yaml` and `goplugin-host`:
 /// `$FERRY_VELERO_BIN`, or what `scripts/build-velero.sh` prints (it builds them once).
 ///
@@ -353,9 +359,12 @@ impl VeleroServer {
     /// Velero processes a DeleteBackupRequest once. After deleting the backup's data it deletes
     /// the restores made from it and gives their finalizers one minute; past that it records
     /// "error deleting restore ..." and keeps the Backup, and its user deletes again. On a busy
-    /// machine that minute runs out, so that error alone asks once more (at most
+    /// machine that minute runs out; and a location whose last validation timed out is
+    /// Unavailable until the next one, refusing deletions meanwhile. Those errors alone
+    /// ([`PASSING_DELETE_ERRORS`]) ask once more, a validation round later (at most
     /// [`DELETE_ATTEMPTS`] requests in all). Any other error of Velero's ends the wait at once,
-    /// with Velero's errors and its error lines.
+    /// with Velero's errors and its error lines. The worst case is [`DELETE_ATTEMPTS`] times
+    /// (the CLI's run, itself bounded by `timeout`, plus the wait).
     ///
     /// # Errors
     /// The CLI failed, Velero's request failed for another reason, or the Backup outlived the
@@ -411,11 +420,14 @@ impl VeleroServer {
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             };
-            let restores_only = errors.iter().all(|e| e.contains("error deleting restore"));
+            let passing =
+                errors.iter().all(|e| PASSING_DELETE_ERRORS.iter().any(|p| e.contains(p)));
             failures.push(errors);
-            if !restores_only {
+            if !passing {
                 break;
             }
+            // The location is validated every few seconds: give it one round before asking.
+            tokio::time::sleep(Duration::from_secs(5)).await;
         }
         bail!(
             "Velero did not delete Backup {name}{}\n{}",
@@ -488,8 +500,10 @@ fn install_plugin(dir: &Path, name: &str, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A namespaced API of Velero's `velero.io/v1` kind `kind` in Velero's namespace.
-fn velero_v1(
+/// A namespaced API of Velero's `velero.io/v1` kind `kind` (resource `plural`) in Velero's
+/// namespace, read as dynamic objects (Ferry's API crate types only what Ferry itself uses).
+#[must_use]
+pub fn velero_v1(
     client: &kube::Client,
     kind: &str,
     plural: &str,

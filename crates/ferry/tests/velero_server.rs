@@ -451,14 +451,7 @@ impl Cluster {
 
 /// Velero's Backups or Restores, untyped.
 fn velero_api(client: &Client, plural: &str) -> Api<kube::api::DynamicObject> {
-    let resource = kube::api::ApiResource {
-        group: "velero.io".into(),
-        version: "v1".into(),
-        api_version: "velero.io/v1".into(),
-        kind: if plural == "backups" { "Backup" } else { "Restore" }.into(),
-        plural: plural.into(),
-    };
-    Api::namespaced_with(client.clone(), VELERO_NAMESPACE, &resource)
+    velero::velero_v1(client, if plural == "backups" { "Backup" } else { "Restore" }, plural)
 }
 
 fn rand_u32() -> u32 {
