@@ -42,6 +42,7 @@ mod check;
 mod error;
 pub mod format;
 pub mod gc;
+mod pack_reads;
 mod place;
 mod progress;
 mod repo;

@@ -1,5 +1,5 @@
-//! Restore workers: fetch the blobs of a batch of file ranges with few, coalesced reads, verify
-//! them, and write them in place.
+//! Restore workers: fetch the blobs of a batch of file ranges with few, coalesced reads (several
+//! in flight at once, see [`crate::pack_reads`]), verify them, and write them in place.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
@@ -10,14 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{ChunkRef, Metadata, ObjectKind, open_blob};
-use crate::repo::{BlobLocation, layout};
+use crate::pack_reads;
+use crate::repo::BlobLocation;
 use crate::restore::Shared;
 use crate::restore::fsops::{self, Warnings};
-
-/// Reads closer than this are merged into one.
-const MERGE_GAP: u64 = 256 << 10;
-/// Largest merged read.
-const MAX_READ: u64 = 32 << 20;
 
 /// A file being written by one or more batches.
 #[derive(Debug)]
@@ -75,51 +71,16 @@ pub(crate) fn restore_batch(shared: &Shared, batch: Batch) -> RepoResult<()> {
         }
     }
     wants.sort_by_key(|w| (w.loc.pack, w.loc.offset));
-    let mut start = 0;
-    while start < wants.len() {
-        if shared.stop.is_cancelled() {
-            return Err(RepoError::Cancelled);
-        }
-        let first = &wants[start].loc;
-        let range_start = u64::from(first.offset);
-        let mut range_end = range_start + u64::from(first.length);
-        let mut end = start + 1;
-        while end < wants.len() {
-            let next = &wants[end].loc;
-            let next_end = u64::from(next.offset) + u64::from(next.length);
-            let close = next.pack == first.pack
-                && u64::from(next.offset) <= range_end + MERGE_GAP
-                && next_end.max(range_end) - range_start <= MAX_READ;
-            if !close {
-                break;
-            }
-            range_end = range_end.max(next_end);
-            end += 1;
-        }
-        let key = layout::pack(&first.pack)?;
-        let bytes = shared
-            .handle
-            .block_on(shared.repo.store().get_range(
-                &key,
-                range_start,
-                range_end - range_start,
-                &shared.stop,
-            ))
-            .map_err(|e| RepoError::store("read pack", &key, e))?;
+    let reads = pack_reads::plan(&wants, |w| &w.loc)?;
+    let store = shared.repo.store();
+    pack_reads::fetch_in_order(&shared.handle, store, &reads, &shared.stop, |read, bytes| {
+        let key = &read.key;
         let mut last: Option<(crate::format::BlobId, Vec<u8>)> = None;
-        for w in &wants[start..end] {
+        for w in &wants[read.wants.clone()] {
             let raw = match &last {
                 Some((id, raw)) if *id == w.chunk.id => raw,
                 _ => {
-                    let from = usize::try_from(u64::from(w.loc.offset) - range_start)
-                        .unwrap_or(usize::MAX);
-                    let sealed =
-                        bytes.get(from..from + w.loc.length as usize).ok_or_else(|| {
-                            RepoError::Internal {
-                                what: "restore",
-                                reason: format!("short read of pack {key}"),
-                            }
-                        })?;
+                    let sealed = read.sealed(&bytes, &w.loc)?;
                     let raw = open_blob(shared.repo.keys(), &w.chunk.id, w.loc.kind, sealed)
                         .map_err(|e| {
                             RepoError::corrupt(format!("data blob {} in pack {key}", w.chunk.id), e)
@@ -145,8 +106,8 @@ pub(crate) fn restore_batch(shared: &Shared, batch: Batch) -> RepoResult<()> {
             }
             shared.progress.bytes_done.fetch_add(raw.len() as u64, Ordering::Relaxed);
         }
-        start = end;
-    }
+        Ok(())
+    })?;
     for item in batch {
         finish_item(shared, item)?;
     }

@@ -12,18 +12,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{ChunkRef, FormatError, ObjectKind, SnapshotId, SnapshotKind, open_blob};
+use crate::pack_reads;
 use crate::place::Place;
 use crate::progress::{Counters, ProgressFn, Ticker};
-use crate::repo::{MemIndex, Repository, layout};
+use crate::repo::{MemIndex, Repository};
 use crate::volume::device::{DeviceKind, Volume, is_zero};
 use crate::volume::{VolumeMap, VolumeRestoreOptions, VolumeRestoreSummary};
 
 /// Device bytes per segment handed to a writer.
 const SEGMENT_BYTES: u64 = 16 << 20;
-/// Reads closer than this in one pack are merged.
-const MERGE_GAP: u64 = 256 << 10;
-/// Largest merged read.
-const MAX_READ: u64 = 32 << 20;
 /// Granularity at which all-zero parts of a chunk are left unwritten on a zeroed target.
 const ZERO_BLOCK: usize = 4096;
 
@@ -332,46 +329,12 @@ fn write_segment(shared: &Shared, segment: &Segment, zeros: &[u8]) -> RepoResult
         wants.push(Want { loc, chunk, offset });
     }
     wants.sort_by_key(|w| (w.loc.pack, w.loc.offset));
-    let mut start = 0;
-    while start < wants.len() {
-        if shared.stop.is_cancelled() {
-            return Err(RepoError::Cancelled);
-        }
-        let first = &wants[start].loc;
-        let range_start = u64::from(first.offset);
-        let mut range_end = range_start + u64::from(first.length);
-        let mut end = start + 1;
-        while let Some(next) = wants.get(end).map(|w| &w.loc) {
-            let next_end = u64::from(next.offset) + u64::from(next.length);
-            if next.pack != first.pack
-                || u64::from(next.offset) > range_end + MERGE_GAP
-                || next_end.max(range_end) - range_start > MAX_READ
-            {
-                break;
-            }
-            range_end = range_end.max(next_end);
-            end += 1;
-        }
-        let key = layout::pack(&first.pack)?;
-        let bytes = shared
-            .handle
-            .block_on(shared.repo.store().get_range(
-                &key,
-                range_start,
-                range_end - range_start,
-                &shared.stop,
-            ))
-            .map_err(|e| RepoError::store("read pack", &key, e))?;
-        for w in &wants[start..end] {
-            let object = || format!("data blob {} in pack {key}", w.chunk.id);
-            let from = usize::try_from(u64::from(w.loc.offset) - range_start).unwrap_or(usize::MAX);
-            let sealed =
-                bytes.get(from..from.saturating_add(w.loc.length as usize)).ok_or_else(|| {
-                    RepoError::Internal {
-                        what: "volume restore",
-                        reason: format!("short read of pack {key}"),
-                    }
-                })?;
+    let reads = pack_reads::plan(&wants, |w| &w.loc)?;
+    let store = shared.repo.store();
+    pack_reads::fetch_in_order(&shared.handle, store, &reads, &shared.stop, |read, bytes| {
+        for w in &wants[read.wants.clone()] {
+            let object = || format!("data blob {} in pack {}", w.chunk.id, read.key);
+            let sealed = read.sealed(&bytes, &w.loc)?;
             let raw = open_blob(shared.repo.keys(), &w.chunk.id, w.loc.kind, sealed)
                 .map_err(|e| RepoError::corrupt(object(), e))?;
             if raw.len() != w.chunk.len as usize {
@@ -387,9 +350,8 @@ fn write_segment(shared: &Shared, segment: &Segment, zeros: &[u8]) -> RepoResult
             progress.bytes_read.fetch_add(raw.len() as u64, Ordering::Relaxed);
             progress.bytes_done.fetch_add(raw.len() as u64, Ordering::Relaxed);
         }
-        start = end;
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Writes a chunk; on a zeroed target, leaves its all-zero blocks unwritten (holes stay holes).
