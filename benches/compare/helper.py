@@ -141,6 +141,19 @@ def cmd_wait_http(args):
     sys.exit(f"wait-http: {args.url} did not answer 200 within {args.timeout} s ({last})")
 
 
+def cmd_make_bucket(args):
+    """Creates a bucket over the S3 API (MinIO keeps more than a folder for a bucket)."""
+    try:
+        import boto3
+    except ImportError:
+        sys.exit("make-bucket: Python's boto3 is needed to create the benchmark's buckets "
+                 "(pip install boto3)")
+    s3 = boto3.client("s3", endpoint_url=args.endpoint, region_name="us-east-1",
+                      aws_access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])
+    s3.create_bucket(Bucket=args.bucket)
+
+
 def regular_files(root):
     """Sorted (relative path, size) of every regular file under root (symlinks not followed)."""
     out = []
@@ -521,6 +534,11 @@ def main():
     wh.add_argument("url")
     wh.add_argument("--timeout", type=float, default=60)
     wh.set_defaults(func=cmd_wait_http)
+
+    mb = sub.add_parser("make-bucket")
+    mb.add_argument("--endpoint", required=True)
+    mb.add_argument("bucket")
+    mb.set_defaults(func=cmd_make_bucket)
 
     s = sub.add_parser("stats")
     s.add_argument("dir")

@@ -214,6 +214,7 @@ repo_bytes() { du -sb "$1" | cut -f1; }
 S3_PID=""
 PATH_PID=""
 S3_DATA=""
+S3_DIRECT=""
 start_remote() {
   local port console
   S3_DATA="$(mktemp -d "$S3_DIR/ferry-compare-s3.XXXXXX")"
@@ -225,6 +226,7 @@ start_remote() {
   S3_PID=$!
   python3 "$HELPER" wait-http "http://127.0.0.1:$port/minio/health/live" --timeout 60 ||
     { cat "$WORK/minio.log" >&2; die "MinIO did not start"; }
+  S3_DIRECT="http://127.0.0.1:$port"
   "$NETPATH" --upstream "127.0.0.1:$port" --rtt-ms "$RTT_MS" --rate-mbit "$RATE_MBIT" \
     --stats "$WORK/path.json" --ready-file "$WORK/path.addr" >"$WORK/netpath.log" 2>&1 &
   PATH_PID=$!
@@ -261,10 +263,12 @@ path_counts() {
   [[ -s "$WORK/path.json" ]] || die "netpath wrote no counts"
   mv "$WORK/path.json" "$1"
 }
-# A new, empty bucket for one tool's run, as a folder of MinIO's data folder (MinIO lists its
-# top-level folders as buckets); prints its name.
+# A new, empty bucket for one tool's run, made over S3 straight at MinIO (not across the path,
+# whose counts are the tools'); prints its name.
 new_bucket() {
-  mkdir "$S3_DATA/$1-run$2"
+  AWS_ACCESS_KEY_ID="$S3_KEY" AWS_SECRET_ACCESS_KEY="$S3_SECRET" \
+    python3 "$HELPER" make-bucket --endpoint "$S3_DIRECT" "$1-run$2" >&2 ||
+    die "could not create bucket $1-run$2 in MinIO"
   echo "$1-run$2"
 }
 

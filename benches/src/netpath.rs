@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
@@ -37,8 +37,6 @@ use tokio_util::sync::CancellationToken;
 pub const MAX_LEAD: Duration = Duration::from_millis(2);
 /// The most bytes read from a socket at once (one unit on the link).
 const READ_SIZE: usize = 64 * 1024;
-/// Reads in flight per direction of a connection (bounds the memory a stalled reader holds).
-const IN_FLIGHT: usize = 1024;
 /// The longest request head or chunk-size line accepted before a stream is no longer parsed.
 const MAX_HEAD: usize = 64 * 1024;
 
@@ -63,15 +61,27 @@ impl Link {
         Self { bytes_per_second: rate_mbit * 1e6 / 8.0, one_way, free_at: Mutex::new(None) }
     }
 
-    /// Puts `len` bytes on the link at `now`, not before `not_before`: returns when their last
-    /// byte has left and when it arrives.
-    pub fn send(&self, now: Instant, len: usize, not_before: Instant) -> (Instant, Instant) {
+    /// Puts `len` bytes on the link at `now`: returns when their last byte has left and when
+    /// it arrives. (A connection's handshake is its own wait, never the link's: the link is
+    /// shared, and booking the wait on it would hold up every other connection.)
+    pub fn send(&self, now: Instant, len: usize) -> (Instant, Instant) {
         let mut free_at = self.free_at.lock().unwrap_or_else(PoisonError::into_inner);
-        let start = free_at.map_or(now, |free| free.max(now)).max(not_before);
+        let start = free_at.map_or(now, |free| free.max(now));
         #[allow(clippy::cast_precision_loss)] // a read is at most 64 KiB
         let left = start + Duration::from_secs_f64(len as f64 / self.bytes_per_second);
         *free_at = Some(left);
         (left, left + self.one_way)
+    }
+
+    /// The most bytes one connection may have read but not yet delivered on this link: twice
+    /// what the link carries in one trip (so a flowing connection never waits on it), at least
+    /// 1 MiB. It bounds the memory a connection whose reader stalls holds.
+    #[must_use]
+    pub fn in_flight_budget(&self) -> usize {
+        let trip = (self.one_way + MAX_LEAD).as_secs_f64();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // positive, bounded
+        let bytes = (2.0 * self.bytes_per_second * trip).min(1e12) as usize;
+        bytes.max(1 << 20)
     }
 }
 
@@ -326,9 +336,20 @@ pub async fn serve(
     stop: CancellationToken,
 ) -> io::Result<()> {
     loop {
-        let (client, _) = tokio::select! {
-            accepted = listener.accept() => accepted?,
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
             () = stop.cancelled() => return Ok(()),
+        };
+        let client = match accepted {
+            Ok((client, _)) => client,
+            // Out of descriptors or a connection gone before it was taken: the relay goes on
+            // (after a pause, so a lasting shortage is not a busy loop).
+            Err(e) if is_passing(&e) => {
+                eprintln!("netpath: accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
         };
         let path = Arc::clone(&path);
         let stop = stop.clone();
@@ -345,6 +366,20 @@ pub async fn serve(
             }
         });
     }
+}
+
+/// An accept error that ends one connection or passes with time, never the listener.
+fn is_passing(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    ) || matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
 }
 
 fn log_ended(e: &io::Error) {
@@ -385,21 +420,31 @@ async fn carry(
     not_before: Instant,
 ) -> io::Result<()> {
     let link = if direction == Direction::Up { &path.up } else { &path.down };
-    let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT);
+    // Each read holds its length in permits until it is delivered.
+    let budget = Arc::new(Semaphore::new(link.in_flight_budget()));
+    let (tx, mut rx) =
+        mpsc::unbounded_channel::<(Instant, Vec<u8>, tokio::sync::OwnedSemaphorePermit)>();
     let deliver = async move {
-        while let Some((arrives, bytes)) = rx.recv().await {
+        while let Some((arrives, bytes, permit)) = rx.recv().await {
             sleep_until(arrives).await;
             to.write_all(&bytes).await?;
+            drop(permit);
         }
         to.shutdown().await
     };
     let read = async move {
         let mut parser = (direction == Direction::Up).then(RequestParser::default);
         let mut buf = vec![0u8; READ_SIZE];
+        let mut first = true;
         loop {
             let n = from.read(&mut buf).await?;
             if n == 0 {
                 break;
+            }
+            if first {
+                // This connection's own wait (its handshake); the link goes on carrying others.
+                sleep_until(not_before).await;
+                first = false;
             }
             let bytes = &buf[..n];
             path.count(|c| {
@@ -422,9 +467,13 @@ async fn carry(
                     }
                 });
             }
+            #[allow(clippy::cast_possible_truncation)] // n <= READ_SIZE
+            let Ok(permit) = Arc::clone(&budget).acquire_many_owned(n as u32).await else {
+                break;
+            };
             let now = Instant::now();
-            let (left, arrives) = link.send(now, n, not_before);
-            if tx.send((arrives, bytes.to_vec())).await.is_err() {
+            let (left, arrives) = link.send(now, n);
+            if tx.send((arrives, bytes.to_vec(), permit)).is_err() {
                 break;
             }
             if left > now + MAX_LEAD {
@@ -506,19 +555,78 @@ DELETE /b/k HTTP/1.1\r\ncontent-length: 0\r\n\r\n";
         // 8 Mbit/s: a million bytes take one second.
         let link = Link::new(8.0, Duration::from_millis(10));
         let t0 = Instant::now();
-        let (left, arrives) = link.send(t0, 1_000_000, t0);
+        let (left, arrives) = link.send(t0, 1_000_000);
         assert_eq!(left - t0, Duration::from_secs(1));
         assert_eq!(arrives - left, Duration::from_millis(10));
         // A second read queues behind the first, even if read earlier than it has left.
-        let (left2, _) = link.send(t0 + Duration::from_millis(500), 500_000, t0);
+        let (left2, _) = link.send(t0 + Duration::from_millis(500), 500_000);
         assert_eq!(left2 - t0, Duration::from_millis(1500));
-        // An idle link starts a read at once; a connection's handshake delays its first read.
+        // An idle link starts a read at once.
         let later = t0 + Duration::from_secs(5);
-        let (left3, _) = link.send(later, 1000, later + Duration::from_millis(20));
-        assert_eq!(left3 - later, Duration::from_millis(21));
+        let (left3, _) = link.send(later, 1000);
+        assert_eq!(left3 - later, Duration::from_millis(1));
+        // A connection may hold twice a trip's bytes unread, at least 1 MiB.
+        assert_eq!(link.in_flight_budget(), 1 << 20);
+        let fast = Link::new(1000.0, Duration::from_millis(10)).in_flight_budget();
+        assert!((2_999_000..=3_001_000).contains(&fast), "{fast}");
     }
 
     const REQUEST: &[u8] = b"GET /object HTTP/1.1\r\nHost: s3\r\n\r\n";
+
+    /// Serves each connection: a reply of `b"ok"` for each `REQUEST` read.
+    async fn echo_server() -> SocketAddr {
+        let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = server.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = server.accept().await {
+                tokio::spawn(async move {
+                    let mut got = vec![0u8; REQUEST.len()];
+                    while s.read_exact(&mut got).await.is_ok() {
+                        if s.write_all(b"ok").await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    async fn ask(client: &mut TcpStream) {
+        client.write_all(REQUEST).await.unwrap();
+        let mut ok = [0u8; 2];
+        client.read_exact(&mut ok).await.unwrap();
+        assert_eq!(&ok, b"ok");
+    }
+
+    #[tokio::test]
+    async fn a_new_connections_handshake_holds_up_no_other_connection() {
+        let upstream = echo_server().await;
+        // 200 ms: a request and its reply take one round trip once connected.
+        let path = Arc::new(Path::new(Duration::from_millis(200), 1000.0));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let relaying = tokio::spawn(serve(listener, upstream, Arc::clone(&path), stop.clone()));
+
+        let mut first = TcpStream::connect(addr).await.unwrap();
+        ask(&mut first).await;
+        // A second connection opens and asks (its request waits for its handshake), then the
+        // first asks again: its round trip is one round trip, not held up by the handshake.
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        second.write_all(REQUEST).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let started = std::time::Instant::now();
+        ask(&mut first).await;
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(200), "a round trip in {took:?}");
+        assert!(took < Duration::from_millis(330), "held up by another's handshake: {took:?}");
+        let mut ok = [0u8; 2];
+        second.read_exact(&mut ok).await.unwrap();
+        assert_eq!(path.counts().connections, 2);
+        stop.cancel();
+        relaying.await.unwrap().unwrap();
+    }
 
     #[tokio::test]
     async fn the_relay_carries_bytes_intact_no_sooner_than_the_path_allows_and_counts_them() {

@@ -48,8 +48,12 @@ struct Args {
     ready_file: PathBuf,
 }
 
+/// Writes `text` to `path` whole: to `<path>.partial` first (a name of its own for each file),
+/// then renamed.
 fn write_whole(path: &FsPath, text: &str) -> io::Result<()> {
-    let aside = path.with_extension("partial");
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(".partial");
+    let aside = PathBuf::from(aside);
     std::fs::write(&aside, text)?;
     std::fs::rename(&aside, path)
 }
@@ -66,13 +70,14 @@ async fn main() -> io::Result<()> {
         return Err(io::Error::other("netpath: --rate-mbit must be a positive number"));
     }
     let path = Arc::new(Path::new(Duration::from_millis(args.rtt_ms), args.rate_mbit));
+    // The handlers first: once the ready file is there, a signal must find them.
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let listener = TcpListener::bind(args.listen).await?;
     write_whole(&args.ready_file, &listener.local_addr()?.to_string())?;
 
     let stop = CancellationToken::new();
-    let mut usr1 = signal(SignalKind::user_defined1())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     let serving = tokio::spawn(serve(listener, args.upstream, Arc::clone(&path), stop.clone()));
     loop {
         tokio::select! {
