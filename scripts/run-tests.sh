@@ -129,9 +129,12 @@ for i in "${!titles[@]}"; do
   # The start of each failing test's message once more, at the end, where a reader of only
   # the last part of a long log still sees why it failed.
   echo "==== why ${titles[$i]} failed (the first lines of each failure; the whole log is above)" >&2
-  awk '/^---- .* stdout ----$/ { n = 0; inside = 1 }
+  why=$(awk '/^---- .* stdout ----$/ { n = 0; inside = 1 }
        /^(failures:|test result:)/ { inside = 0 }
-       inside && n < 25 { print; n++ }' "$work/$i.log" >&2
+       inside && n < 25 { print; n++ }' "$work/$i.log" 2>/dev/null || true)
+  # No test's message (a crash, a kill, a binary without libtest's harness): the log's end.
+  [[ -n "$why" ]] || why=$(tail -n 40 "$work/$i.log" 2>/dev/null || true)
+  printf '%s\n' "$why" >&2
 done
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "run-tests: ${#failed[@]} of $total test binaries failed:" >&2

@@ -293,7 +293,9 @@ if [[ $RESTORE_FS -eq 1 ]]; then
     die "restoring into a fresh file system needs mkfs.ext4 and losetup (or pass --restore-dir)"
 fi
 mount_restore() {
-  [[ $RESTORE_FS -eq 1 ]] || return 0
+  # A plain directory shares the work area's file system: flush the steps before, so the timed
+  # restore and its sync write only the restore's own data.
+  if [[ $RESTORE_FS -ne 1 ]]; then sync; return 0; fi
   local image="$WORK/restore.img" bytes
   bytes="$(du -sb "$SRC" | cut -f1)"
   truncate -s "$(((bytes * 3 >> 20) + 1024))M" "$image"

@@ -78,12 +78,18 @@ async fn main() -> io::Result<()> {
     write_whole(&args.ready_file, &listener.local_addr()?.to_string())?;
 
     let stop = CancellationToken::new();
-    let serving = tokio::spawn(serve(listener, args.upstream, Arc::clone(&path), stop.clone()));
+    let mut serving = tokio::spawn(serve(listener, args.upstream, Arc::clone(&path), stop.clone()));
     loop {
         tokio::select! {
             _ = usr1.recv() => write_whole(&args.stats, &path.counts().to_json())?,
             _ = term.recv() => break,
             _ = int.recv() => break,
+            // The relay stopped on its own (an accept error that does not pass): exit with it,
+            // so the benchmark sees a dead path instead of one that accepts nothing.
+            ended = &mut serving => {
+                ended.map_err(io::Error::other)??;
+                return Err(io::Error::other("netpath: the relay stopped"));
+            }
         }
     }
     stop.cancel();

@@ -2,8 +2,9 @@
 //! fetched several at a time (a remote store's round trips overlap) and handed out in order.
 //!
 //! Memory: the bytes fetched or being fetched and not yet handed back stay within
-//! [`MAX_READ`] (or one read, when a single one is larger than the rest allow), so a worker
-//! never holds more than it did when it read one range at a time.
+//! [`MAX_HELD`], 16 MiB (or one read, when a single one is larger). A read never crosses a pack
+//! (16 MiB by default), so that is about what one read at a time held before; the per-thread
+//! memory budget (`thread_budget`) is unchanged.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -19,8 +20,10 @@ use crate::repo::{BlobLocation, layout};
 
 /// Blobs closer than this in one pack are read together (the gap is read and dropped).
 pub(crate) const MERGE_GAP: u64 = 256 << 10;
-/// The largest merged read, and the most bytes a worker has fetched or in flight at once.
+/// The largest merged read.
 pub(crate) const MAX_READ: u64 = 32 << 20;
+/// The most bytes a worker has fetched or in flight at once (one read may exceed it alone).
+pub(crate) const MAX_HELD: u64 = 16 << 20;
 /// Reads a worker has in flight at once, at most.
 pub(crate) const MAX_CONCURRENT_READS: usize = 8;
 
@@ -103,7 +106,7 @@ pub(crate) fn fetch_in_order(
     let mut next = 0;
     for read in reads {
         while let Some(r) = reads.get(next) {
-            let room = in_flight.is_empty() || held + r.len <= MAX_READ;
+            let room = in_flight.is_empty() || held + r.len <= MAX_HELD;
             if !room || in_flight.len() >= MAX_CONCURRENT_READS {
                 break;
             }

@@ -361,10 +361,11 @@ impl VeleroServer {
     /// "error deleting restore ..." and keeps the Backup, and its user deletes again. On a busy
     /// machine that minute runs out; and a location whose last validation timed out is
     /// Unavailable until the next one, refusing deletions meanwhile. Those errors alone
-    /// ([`PASSING_DELETE_ERRORS`]) ask once more, a validation round later (at most
-    /// [`DELETE_ATTEMPTS`] requests in all). Any other error of Velero's ends the wait at once,
+    /// ([`PASSING_DELETE_ERRORS`]) ask once more, once every location is Available again (at
+    /// most [`DELETE_ATTEMPTS`] requests in all). Any other error of Velero's ends the wait at once,
     /// with Velero's errors and its error lines. The worst case is [`DELETE_ATTEMPTS`] times
-    /// (the CLI's run, itself bounded by `timeout`, plus the wait).
+    /// the CLI's run and the wait, and a wait for the locations between requests, each
+    /// bounded by `timeout`.
     ///
     /// # Errors
     /// The CLI failed, Velero's request failed for another reason, or the Backup outlived the
@@ -381,7 +382,7 @@ impl VeleroServer {
         // characters, then shortened).
         let of_backup = |r: &kube::api::DynamicObject| r.data["spec"]["backupName"] == name;
         let mut failures = Vec::new();
-        for _ in 0..DELETE_ATTEMPTS {
+        for attempt in 1..=DELETE_ATTEMPTS {
             let earlier: Vec<String> = requests
                 .list(&kube::api::ListParams::default())
                 .await?
@@ -423,11 +424,21 @@ impl VeleroServer {
             let passing =
                 errors.iter().all(|e| PASSING_DELETE_ERRORS.iter().any(|p| e.contains(p)));
             failures.push(errors);
-            if !passing {
+            if !passing || attempt == DELETE_ATTEMPTS {
                 break;
             }
-            // The location is validated every few seconds: give it one round before asking.
-            tokio::time::sleep(Duration::from_secs(5)).await;
+            // Velero refuses deletions while a location is Unavailable: ask again once every
+            // location is Available (or, that not seen within the wait, ask anyway: Velero's
+            // answer then says why).
+            let locations = velero_v1(client, "BackupStorageLocation", "backupstoragelocations");
+            let deadline = Instant::now() + timeout;
+            while Instant::now() < deadline {
+                let listed = locations.list(&kube::api::ListParams::default()).await?;
+                if listed.items.iter().all(|l| l.data["status"]["phase"] == "Available") {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
         }
         bail!(
             "Velero did not delete Backup {name}{}\n{}",
