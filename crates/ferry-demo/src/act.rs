@@ -305,7 +305,10 @@ async fn backup(world: &mut World, name: &str) -> anyhow::Result<Transfer> {
     let phase = velero_phase(world, "backups", name).await?;
     println!("  velero backup {name}: {phase}");
     if phase != "Completed" {
-        bail!("Velero's backup {name} ended {phase}");
+        bail!(
+            "Velero's backup {name} ended {phase}{}",
+            failure_reason(world, "backups", name).await
+        );
     }
     Ok(transfer("backup", &done, Some(incremental), status.snapshot_id))
 }
@@ -330,7 +333,10 @@ async fn restore(
     let phase = velero_phase(world, "restores", name).await?;
     println!("  velero restore {name}: {phase}");
     if phase != "Completed" {
-        bail!("Velero's restore {name} ended {phase}");
+        bail!(
+            "Velero's restore {name} ended {phase}{}",
+            failure_reason(world, "restores", name).await
+        );
     }
     let snapshot = done.object.spec.snapshot_id.clone();
     Ok(transfer("restore", &done, None, snapshot))
@@ -376,6 +382,21 @@ async fn velero_phase(world: &World, plural: &str, name: &str) -> anyhow::Result
             return Ok(phase);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// `: <status.failureReason>` of Velero's Backup or Restore `name`, when Velero gave one.
+async fn failure_reason(world: &World, plural: &str, name: &str) -> String {
+    let kind = if plural == "backups" { "Backup" } else { "Restore" };
+    let Ok(client) = world.client() else { return String::new() };
+    let api = ferry_testbed::velero::velero_v1(&client, kind, plural);
+    match api.get_opt(name).await {
+        Ok(Some(object)) => object.data["status"]["failureReason"]
+            .as_str()
+            .filter(|r| !r.is_empty())
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default(),
+        _ => String::new(),
     }
 }
 

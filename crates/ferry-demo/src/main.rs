@@ -125,7 +125,10 @@ async fn demo(opts: Options) -> ExitCode {
             eprintln!("{logs}");
         }
         if let Some(velero) = &world.velero_server {
-            eprintln!("--- velero server (last 40 lines)\n{}", velero.log_tail(40));
+            eprintln!(
+                "--- velero server (last 40 lines above debug level)\n{}",
+                velero.log_tail(40)
+            );
         }
     }
     if let Outcome::Interrupted(signal) = &outcome {

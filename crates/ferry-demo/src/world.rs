@@ -130,9 +130,11 @@ impl World {
             "velero.io/csi-volumesnapshot-class": "true"
         }}});
         classes.patch(&class, &PatchParams::default(), &Patch::Merge(&label)).await?;
+        // Velero's own credentials, as `velero install --secret-file` mounts them.
+        let options = VeleroOptions::with_credentials(ACCESS_KEY, SECRET_KEY);
         let server = match &self.node {
-            Some(node) => VeleroServer::start_on_node(node, &VeleroOptions::default()),
-            None => VeleroServer::start(self.cp()?, &VeleroOptions::default()),
+            Some(node) => VeleroServer::start_on_node(node, &options),
+            None => VeleroServer::start(self.cp()?, &options),
         }
         .context("starting velero server")?;
         process::remove_on_exit(server.dir())?;

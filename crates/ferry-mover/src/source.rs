@@ -10,7 +10,6 @@ use ferry_repo::{
     CacheOptions, InitOptions, InitOutcome, KeyId, RepoError, Repository, VELERO_DEFAULT_PASSWORD,
 };
 use ferry_store::{ObjectKey, ObjectStore, S3Config, S3Options, S3Store};
-use kube::ResourceExt;
 use kube::api::Api;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -72,6 +71,13 @@ pub struct InUse(Arc<std::sync::Mutex<Instant>>);
 impl InUse {
     fn new(last_used: &Arc<std::sync::Mutex<Instant>>) -> Self {
         Self(Arc::clone(last_used))
+    }
+
+    /// Whether `self` and `other` mark the same kept repository (the same open, not one
+    /// opened again).
+    #[must_use]
+    pub fn same_repository(&self, other: &InUse) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
     }
 }
 
@@ -138,8 +144,9 @@ pub const IDLE_CLOSE: Duration = Duration::from_secs(10 * 60);
 /// docs.
 ///
 /// Opened repositories are kept for reuse until [`IDLE_CLOSE`] unused, or until their BSL or
-/// its credential secret changes (seen by `resourceVersion` at every open: a new endpoint or
-/// rotated S3 keys are picked up without a restart). Each repository is opened under its own
+/// its credential secret changes (read at every open: the BSL's spec and the secrets'
+/// `resourceVersion`s; a new endpoint or rotated S3 keys are picked up without a restart, a
+/// status update by Velero's validation opens nothing again). Each repository is opened under its own
 /// lock: a slow or hostile one (network, key derivation) delays only CRs of that repository.
 pub struct BslRepositories {
     client: kube::Client,
@@ -190,9 +197,9 @@ struct Site {
     kms: Option<KmsSettings>,
     /// The `resourceVersion` of Ferry's secret; empty while it does not exist.
     own_version: String,
-    /// The `resourceVersion`s of the BSL, its credential and CA secrets and Ferry's secret
-    /// (and its KMS settings): when they change, open repositories are opened again with what
-    /// changed.
+    /// The BSL's spec and the `resourceVersion`s of its credential and CA secrets and Ferry's
+    /// secret (and its KMS settings): when they change, open repositories are opened again
+    /// with what changed.
     versions: String,
 }
 
@@ -331,9 +338,15 @@ impl BslRepositories {
         let kms_version = own.kms.as_ref().map_or_else(String::new, |k| {
             format!("{}@{}", k.key_id, k.endpoint.as_deref().unwrap_or_default())
         });
+        // The BSL's spec, not its resourceVersion: Velero's BSL has no status subresource, so
+        // every validation (each minute by default) changes the resourceVersion, and a kept
+        // repository would be opened again for each CR.
+        let spec = serde_json::to_string(&bsl.spec).map_err(|e| MoverError::Location {
+            name: location.into(),
+            reason: format!("its spec cannot be serialized: {e}"),
+        })?;
         let versions = format!(
-            "{}/{}/{ca_version}/{}/{kms_version}",
-            bsl.resource_version().unwrap_or_default(),
+            "{spec}/{}/{ca_version}/{}/{kms_version}",
             found.as_ref().map_or("", |(_, version)| version.as_str()),
             own.version,
         );

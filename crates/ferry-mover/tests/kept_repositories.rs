@@ -35,11 +35,24 @@ async fn a_changed_location_or_credential_is_used_without_a_restart() {
         first.repo.config().repo_id,
         "a new repository at the new prefix"
     );
+    // Velero validates the location every minute and writes its status (the CRD has no
+    // status subresource, so the resourceVersion changes): the repository stays open.
+    let bsls: Api<ferry_api::BackupStorageLocation> =
+        Api::namespaced(world.client.clone(), &world.namespace);
+    let validated =
+        json!({ "status": { "phase": "Available", "lastValidationTime": "2026-11-28T08:00:00Z" } });
+    bsls.patch(BSL, &PatchParams::default(), &Patch::Merge(&validated)).await.expect("status");
     let again = source.open(BSL, SOURCE_NS, &cancel).await.expect("open unchanged");
     assert_eq!(
         again.repo.config().repo_id,
         moved.repo.config().repo_id,
         "kept while nothing changed"
+    );
+    let (kept, before) =
+        (again.in_use.as_ref().expect("kept"), moved.in_use.as_ref().expect("kept"));
+    assert!(
+        kept.same_repository(before),
+        "the same open repository, not opened again after a status change"
     );
 
     // The credential secret changes (here: broken): the next open reads it, not a cached one.

@@ -85,8 +85,11 @@ impl Velero {
         }
     }
 
-    /// Creates the BackupStorageLocation for `location` (provider `aws`, path-style) and its
-    /// credentials secret `<bsl>-credentials` (key `cloud`, an AWS profile file).
+    /// Creates the BackupStorageLocation for `location` (provider `aws`, path-style) and
+    /// Velero's credentials secret, as `velero install --secret-file` makes them: the secret
+    /// `cloud-credentials` (key `cloud`, an AWS profile file) and a location without
+    /// `spec.credential`, which Velero serves with the secret mounted as its own credentials
+    /// file and Ferry with the secret. One location per namespace (the secret is Velero's).
     ///
     /// # Errors
     /// The API server refused either object.
@@ -94,7 +97,7 @@ impl Velero {
         &self,
         location: &S3Location,
     ) -> Result<BackupStorageLocation, SimError> {
-        let secret_name = format!("{}-credentials", self.bsl);
+        let secret_name = "cloud-credentials";
         let secret: Secret = object(
             format!("secret {secret_name}"),
             json!({
@@ -120,7 +123,6 @@ impl Velero {
                     "objectStorage": { "bucket": location.bucket, "prefix": location.prefix },
                     "config": { "region": location.region, "s3Url": location.endpoint,
                                 "s3ForcePathStyle": "true" },
-                    "credential": { "name": secret_name, "key": "cloud" },
                 },
             }),
         )?;

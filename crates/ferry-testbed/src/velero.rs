@@ -7,6 +7,7 @@
 //! `velero server` against it outside any pod, as a child of the test binary, with a plugin
 //! folder of the test's choosing; [`VeleroServer::cli`] runs the `velero` CLI as a user would.
 
+use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -157,6 +158,26 @@ pub struct VeleroOptions {
     pub item_operation_sync: Duration,
     /// Further `velero server` arguments.
     pub extra_args: Vec<String>,
+    /// The access key and secret of Velero's own credentials, as `velero install
+    /// --secret-file` gives them: the `cloud-credentials` Secret mounted as a file that
+    /// `AWS_SHARED_CREDENTIALS_FILE` names. A location without `spec.credential` uses them.
+    /// Without them the AWS plugin finds no credentials for such a location.
+    pub cloud_credentials: Option<(String, String)>,
+}
+
+impl VeleroOptions {
+    /// The defaults, with Velero's own credentials (see [`VeleroOptions::cloud_credentials`]).
+    #[must_use]
+    pub fn with_credentials(access_key: &str, secret_key: &str) -> Self {
+        Self { cloud_credentials: Some((access_key.into(), secret_key.into())), ..Self::default() }
+    }
+}
+
+/// An AWS shared credentials file with one `default` profile: what Velero's `cloud-credentials`
+/// Secret holds under its `cloud` key.
+#[must_use]
+pub fn aws_credentials_file(access_key: &str, secret_key: &str) -> String {
+    format!("[default]\naws_access_key_id = {access_key}\naws_secret_access_key = {secret_key}\n")
 }
 
 impl Default for VeleroOptions {
@@ -166,6 +187,7 @@ impl Default for VeleroOptions {
             store_validation: Duration::from_secs(5),
             item_operation_sync: Duration::from_secs(2),
             extra_args: Vec::new(),
+            cloud_credentials: None,
         }
     }
 }
@@ -218,6 +240,23 @@ impl VeleroServer {
         }
         let log = dir.path().join("velero-server.log");
         let mut cmd = Command::new(velero.join("velero"));
+        // Velero's own credentials file, where the Deployment that `velero install` writes
+        // mounts the `cloud-credentials` Secret. Locations with `spec.credential` are not
+        // used for the test bed's default location:
+        // Velero v1.18 writes such a secret to one file per secret key, truncating it each
+        // time any controller opens the location, so a plugin reading it at that moment finds
+        // no credentials ("failed to refresh cached credentials, no EC2 IMDS role found") and
+        // the location turns Unavailable until its next validation: restores are refused and
+        // backups fail meanwhile (seen in this project's CI; Velero's issue 8524 reports the
+        // same symptom from production).
+        if let Some((access_key, secret_key)) = &options.cloud_credentials {
+            let mounted = dir.path().join("cloud-credentials");
+            std::fs::create_dir_all(&mounted)?;
+            let file = mounted.join("cloud");
+            std::fs::write(&file, aws_credentials_file(access_key, secret_key))?;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+            cmd.env("AWS_SHARED_CREDENTIALS_FILE", &file);
+        }
         cmd.arg("server")
             .arg("--kubeconfig")
             .arg(server_kubeconfig)
@@ -307,11 +346,15 @@ impl VeleroServer {
         self.dir.path().join("velero-server.log")
     }
 
-    /// The last `lines` lines of the server's log.
+    /// The last `lines` lines of the server's log at info level and above: the server logs
+    /// at debug level, whose lines (a dozen a second, the controllers' periodic queues) would
+    /// push the errors that explain a failure out of any tail. The whole log stays at
+    /// [`VeleroServer::log_path`].
     #[must_use]
     pub fn log_tail(&self, lines: usize) -> String {
         let log = self.log();
-        let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+        let tail: Vec<&str> =
+            log.lines().rev().filter(|l| !l.contains("level=debug")).take(lines).collect();
         tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
 
@@ -488,7 +531,6 @@ impl Drop for VeleroServer {
 /// server ends. The copy keeps the plugin's name (Ferry's binary serves plugins when its name
 /// starts with `velero-plugin`).
 fn install_plugin(dir: &Path, name: &str, path: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
     let bin = dir.join("plugin-bin");
     std::fs::create_dir_all(&bin)?;
     let real = bin.join(name);

@@ -114,7 +114,7 @@ impl Cluster {
         for node in sim.nodes() {
             agents.push(start_agent(&cp, &sim, &node, logs.path())?);
         }
-        let mut options = VeleroOptions::default();
+        let mut options = VeleroOptions::with_credentials(ACCESS_KEY, SECRET_KEY);
         if ferry_plugin {
             options.plugins.push((
                 "velero-plugin-ferry".to_owned(),
@@ -461,15 +461,15 @@ fn rand_u32() -> u32 {
 }
 
 /// Velero's default location on the moto bucket, with its credentials secret, as
-/// `velero install --provider aws --bucket B --prefix P --backup-location-config …` makes it.
+/// `velero install --provider aws --bucket B --prefix P --secret-file F
+/// --backup-location-config …` makes it: no `spec.credential`; Velero has the secret as its
+/// own credentials file ([`VeleroOptions::with_credentials`]), Ferry reads the secret.
 async fn create_location(client: &Client, bucket: &str, prefix: &str) -> TestResult {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let secret: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": { "name": "cloud-credentials", "namespace": VELERO_NAMESPACE },
-        "stringData": { "cloud": format!(
-            "[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
-        ) },
+        "stringData": { "cloud": velero::aws_credentials_file(ACCESS_KEY, SECRET_KEY) },
     }))?;
     secrets.create(&PostParams::default(), &secret).await?;
     let bsls: Api<BackupStorageLocation> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
@@ -485,7 +485,6 @@ async fn create_location(client: &Client, bucket: &str, prefix: &str) -> TestRes
                 "s3Url": S3Server::shared().endpoint(),
                 "s3ForcePathStyle": "true",
             },
-            "credential": { "name": "cloud-credentials", "key": "cloud" },
         },
     }))?;
     bsls.create(&PostParams::default(), &bsl).await?;
@@ -855,7 +854,8 @@ async fn velero_restarted_while_ferry_moves_the_data() -> TestResult {
     }
     c.velero.kill();
     let at_kill = c.phase("backups", "b1").await?;
-    c.velero = VeleroServer::start(&c.cp, &VeleroOptions::default())?;
+    c.velero =
+        VeleroServer::start(&c.cp, &VeleroOptions::with_credentials(ACCESS_KEY, SECRET_KEY))?;
     let expected = match at_kill.as_str() {
         "InProgress" => "Failed",
         _ => "Completed",

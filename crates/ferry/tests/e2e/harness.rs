@@ -117,6 +117,7 @@ impl World {
             &bucket,
             s3.endpoint(),
             ("ferry-e2e", "ferry-e2e-secret"),
+            &format!("{bsl}-credentials"),
         )
         .await?;
         let mut world = Self {

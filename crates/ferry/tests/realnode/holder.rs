@@ -47,6 +47,7 @@ pub async fn gate(node: &node::Node) -> Result<&'static Gate, Box<dyn std::error
                 GATED_BUCKET,
                 &endpoint,
                 node::CREDENTIALS,
+                &format!("{GATED_BSL}-credentials"),
             )
             .await?;
             Ok::<_, Box<dyn std::error::Error>>(relay)

@@ -42,7 +42,8 @@ pub const MOVER: &str = "ferry";
 /// The BackupStorageLocation (Velero's default name).
 pub const BSL: &str = "default";
 const BUCKET: &str = "ferry-realnode";
-/// moto takes any key; the agents read these from the BSL's Secret, the CLI from the env.
+/// moto takes any key; the agents read these from Velero's `cloud-credentials` Secret, a
+/// Velero server from its credentials file, the CLI from the env.
 pub const CREDENTIALS: (&str, &str) = ("ferry-realnode", "ferry-realnode-secret");
 
 /// Held for reading by every test, for writing by a test that disrupts the agent (deletes its
@@ -86,7 +87,7 @@ pub async fn set_up_on(cluster: &'static RealCluster, values: &[&str]) -> anyhow
     let relay = cluster.expose_host_port(port)?;
     let client = cluster.client()?;
     let endpoint = format!("http://{}:{port}", realnode::NODE_IP);
-    velero_crs::create_bsl(&client, BSL, BUCKET, &endpoint, CREDENTIALS)
+    velero_crs::create_bsl(&client, BSL, BUCKET, &endpoint, CREDENTIALS, velero_crs::VELERO_SECRET)
         .await
         .map_err(|e| anyhow::anyhow!("creating the storage location: {e}"))?;
     // The `velero` CLI runs on the host, outside the node's network: it downloads backup logs

@@ -29,6 +29,11 @@ use crate::holder;
 use crate::node::{self, TestResult, WAIT};
 use crate::round_trip::{BLOCK_MANIFEST, BLOCK_WRITE, FS_MANIFEST, FS_WRITE};
 
+/// The server's options: Velero's own credentials are those of the node's default location.
+fn velero_options() -> VeleroOptions {
+    VeleroOptions::with_credentials(node::CREDENTIALS.0, node::CREDENTIALS.1)
+}
+
 fn velero_api<K: kube::Resource<DynamicType = ()>>(client: &Client) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), VELERO_NAMESPACE, &ApiResource::erase::<K>(&()))
 }
@@ -291,7 +296,7 @@ async fn velero_backs_up_and_restores_through_ferry_on_the_real_node() -> TestRe
     let _agent = node::AGENT.read().await;
     let client = node.client()?;
     velero::install_crds(node.cluster.control_plane())?;
-    let mut server = VeleroServer::start_on_node(node.cluster, &VeleroOptions::default())?;
+    let mut server = VeleroServer::start_on_node(node.cluster, &velero_options())?;
 
     let ns = node.namespace("shop").await?;
     let (tree, device) = workload(&client, &ns).await?;
@@ -370,7 +375,7 @@ async fn a_schedule_with_a_63_character_name_runs_twice_and_restores_on_the_real
     let _agent = node::AGENT.read().await;
     let client = node.client()?;
     velero::install_crds(node.cluster.control_plane())?;
-    let mut server = VeleroServer::start_on_node(node.cluster, &VeleroOptions::default())?;
+    let mut server = VeleroServer::start_on_node(node.cluster, &velero_options())?;
     let ns = node.namespace("sched").await?;
     workload(&client, &ns).await?;
 
@@ -501,7 +506,7 @@ async fn with_ferrys_plugin_each_volume_is_one_operation_on_the_real_node() -> T
             "velero-plugin-ferry".to_owned(),
             std::path::PathBuf::from(env!("CARGO_BIN_EXE_ferry")),
         )],
-        ..VeleroOptions::default()
+        ..velero_options()
     };
     let mut server = VeleroServer::start_on_node(node.cluster, &options)?;
     let ns = node.namespace("plugin").await?;
@@ -550,7 +555,7 @@ async fn velero_restarted_while_ferry_moves_the_data_on_the_real_node() -> TestR
     let _agent = node::AGENT.write().await;
     let client = node.client()?;
     velero::install_crds(node.cluster.control_plane())?;
-    let mut server = VeleroServer::start_on_node(node.cluster, &VeleroOptions::default())?;
+    let mut server = VeleroServer::start_on_node(node.cluster, &velero_options())?;
     let ns = node.namespace("restart").await?;
     let (tree, device) = workload(&client, &ns).await?;
 
@@ -571,7 +576,7 @@ async fn velero_restarted_while_ferry_moves_the_data_on_the_real_node() -> TestR
     for du in uploads_of(&client, &b1).await? {
         node::wait_upload(&client, &du.name_any()).await?;
     }
-    server = VeleroServer::start_on_node(node.cluster, &VeleroOptions::default())?;
+    server = VeleroServer::start_on_node(node.cluster, &velero_options())?;
     let ended = backup_ended(&client, &server, &b1).await?;
     assert_eq!(ended, "Failed", "killed while InProgress\n{}", server.log_tail(40));
     let completed = uploads_ended_and_released(&client, &server, &b1).await?;
@@ -623,7 +628,7 @@ async fn velero_restarted_while_ferry_moves_the_data_on_the_real_node() -> TestR
         "{b2}'s uploads should wait for the slot: {waiting:#?}"
     );
     server.kill();
-    server = VeleroServer::start_on_node(node.cluster, &VeleroOptions::default())?;
+    server = VeleroServer::start_on_node(node.cluster, &velero_options())?;
     drop(reopen);
     node::wait_upload(&client, &blocker).await?;
     let ended = backup_ended(&client, &server, &b2).await?;

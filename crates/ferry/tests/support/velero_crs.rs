@@ -16,36 +16,45 @@ pub struct Mover<'a> {
     pub bsl: &'a str,
 }
 
+/// Velero's own credentials secret, as `velero install --secret-file` names it.
+pub const VELERO_SECRET: &str = "cloud-credentials";
+
 /// Creates a BackupStorageLocation `name` on S3 at `endpoint` (bucket `bucket`, prefix
 /// `velero`, region us-east-1, path-style) with its credentials (`access_key`, `secret_key`) in
-/// the Secret `<name>-credentials`, key `cloud`, as `velero install` and users write them.
+/// Secret `secret_name`, key `cloud`. With [`VELERO_SECRET`], Velero's default location as
+/// `velero install --secret-file` makes it: no `spec.credential` (Velero uses its own
+/// credentials file, Ferry that Secret). With another secret, a further location with
+/// credentials of its own, named by its `spec.credential`.
 pub async fn create_bsl(
     client: &Client,
     name: &str,
     bucket: &str,
     endpoint: &str,
     (access_key, secret_key): (&str, &str),
+    secret_name: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let secret_name = format!("{name}-credentials");
     let secret: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": { "name": secret_name, "namespace": VELERO_NAMESPACE },
         "stringData": {
-            "cloud": format!("[default]\naws_access_key_id = {access_key}\naws_secret_access_key = {secret_key}\n"),
+            "cloud": ferry_testbed::velero::aws_credentials_file(access_key, secret_key),
         },
     }))?;
     Api::<Secret>::namespaced(client.clone(), VELERO_NAMESPACE)
         .create(&PostParams::default(), &secret)
         .await?;
+    let mut spec = json!({
+        "provider": "aws",
+        "objectStorage": { "bucket": bucket, "prefix": "velero" },
+        "config": { "region": "us-east-1", "s3Url": endpoint, "s3ForcePathStyle": "true" },
+    });
+    if secret_name != VELERO_SECRET {
+        spec["credential"] = json!({ "name": secret_name, "key": "cloud" });
+    }
     let bsl: BackupStorageLocation = serde_json::from_value(json!({
         "apiVersion": "velero.io/v1", "kind": "BackupStorageLocation",
         "metadata": { "name": name, "namespace": VELERO_NAMESPACE },
-        "spec": {
-            "provider": "aws",
-            "objectStorage": { "bucket": bucket, "prefix": "velero" },
-            "config": { "region": "us-east-1", "s3Url": endpoint, "s3ForcePathStyle": "true" },
-            "credential": { "name": secret_name, "key": "cloud" },
-        },
+        "spec": spec,
     }))?;
     Api::<BackupStorageLocation>::namespaced(client.clone(), VELERO_NAMESPACE)
         .create(&PostParams::default(), &bsl)
