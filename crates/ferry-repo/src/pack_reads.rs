@@ -11,7 +11,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferry_store::{ObjectKey, ObjectStore};
+use ferry_store::{ObjectKey, ObjectStore, StoreError};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -26,6 +27,12 @@ pub(crate) const MAX_READ: u64 = 32 << 20;
 pub(crate) const MAX_HELD: u64 = 16 << 20;
 /// Reads a worker has in flight at once, at most.
 pub(crate) const MAX_CONCURRENT_READS: usize = 8;
+/// Reads in flight at once through one open repository, whatever the number of workers and
+/// restores: bounds the connections, descriptors and retries a node's restores spend on one
+/// store (8 per worker alone would allow 768 on a 96-thread node). A read waits for a permit
+/// before its request and gives it back when the response is in; a worker still holds at most
+/// [`MAX_HELD`] bytes, so the waiting costs no memory.
+pub(crate) const MAX_REPOSITORY_READS: usize = 64;
 
 /// One ranged read of a pack, covering `wants` (indexes into the sorted wants).
 #[derive(Debug)]
@@ -87,15 +94,17 @@ pub(crate) fn plan<T>(wants: &[T], loc: impl Fn(&T) -> &BlobLocation) -> RepoRes
 }
 
 /// Fetches `reads` through `store` on the runtime behind `handle`, up to
-/// [`MAX_CONCURRENT_READS`] at once within the memory bound, and calls `each` with every read
-/// and its bytes, in order, on the calling thread. The first error (a read's or `each`'s) ends
-/// it; reads still in flight are then abandoned.
+/// [`MAX_CONCURRENT_READS`] at once within the memory bound, each request holding one of
+/// `permits` (shared by every worker of the repository), and calls `each` with every read and
+/// its bytes, in order, on the calling thread. The first error (a read's or `each`'s) ends it;
+/// reads still in flight are then abandoned.
 ///
 /// # Errors
 /// Store failures (as [`RepoError::Store`] naming the pack), cancellation, and `each`'s errors.
 pub(crate) fn fetch_in_order(
     handle: &tokio::runtime::Handle,
     store: &Arc<dyn ObjectStore>,
+    permits: &Arc<Semaphore>,
     reads: &[PackRead],
     stop: &CancellationToken,
     mut each: impl FnMut(&PackRead, Bytes) -> RepoResult<()>,
@@ -111,10 +120,16 @@ pub(crate) fn fetch_in_order(
                 break;
             }
             let (store, key, stop) = (Arc::clone(store), r.key.clone(), stop.clone());
+            let permits = Arc::clone(permits);
             let (start, len) = (r.start, r.len);
-            in_flight.push_back(AbortOnDropHandle::new(
-                handle.spawn(async move { store.get_range(&key, start, len, &stop).await }),
-            ));
+            in_flight.push_back(AbortOnDropHandle::new(handle.spawn(async move {
+                // Never closed, so the permit always comes unless the restore stops first.
+                let _permit = tokio::select! {
+                    permit = permits.acquire_owned() => permit.ok(),
+                    () = stop.cancelled() => return Err(StoreError::Cancelled),
+                };
+                store.get_range(&key, start, len, &stop).await
+            })));
             held += r.len;
             next += 1;
         }
@@ -175,6 +190,69 @@ mod tests {
         assert_eq!(sealed.len(), 50);
         assert_eq!(sealed[0], bytes[100 + gap as usize]);
         assert!(reads[0].sealed(&bytes[..120], &wants[1]).is_err(), "a short read is named");
+    }
+
+    /// Counts the ranged reads in the store at once, holding each a moment.
+    #[derive(Debug, Default)]
+    struct InFlight {
+        now: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl ferry_store::Hook for InFlight {
+        async fn before(&self, _call: ferry_store::Call<'_>) {
+            use std::sync::atomic::Ordering::SeqCst;
+            let now = self.now.fetch_add(1, SeqCst) + 1;
+            self.most.fetch_max(now, SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        }
+        fn after(&self, _call: ferry_store::Call<'_>, _ok: bool) {
+            self.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Two workers fetch 12 reads each through a store; returns the most reads the store saw
+    /// at once. Each worker gets every read's bytes, in order.
+    fn most_in_flight(permits: usize) -> usize {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .unwrap();
+        let memory = Arc::new(ferry_store::MemoryStore::new());
+        let key = ObjectKey::new("pack").unwrap();
+        let bytes: Vec<u8> = (0..12 * 100).map(|i| (i % 251) as u8).collect();
+        let stop = CancellationToken::new();
+        runtime.block_on(memory.put_if_absent(&key, Bytes::from(bytes.clone()), &stop)).unwrap();
+        let hooked = Arc::new(ferry_store::Hooked::new(memory, InFlight::default()));
+        let store: Arc<dyn ObjectStore> = hooked.clone();
+        let permits = Arc::new(Semaphore::new(permits));
+        let reads: Vec<PackRead> = (0..12)
+            .map(|i| PackRead { key: key.clone(), start: i * 100, len: 100, wants: 0..0 })
+            .collect();
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    let mut seen = Vec::new();
+                    fetch_in_order(runtime.handle(), &store, &permits, &reads, &stop, |r, b| {
+                        assert_eq!(b.len() as u64, r.len);
+                        seen.extend_from_slice(&b);
+                        Ok(())
+                    })
+                    .unwrap();
+                    assert_eq!(seen, bytes, "every read, in order");
+                });
+            }
+        });
+        hooked.hook().most.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[test]
+    fn the_repositorys_permits_bound_the_reads_of_all_its_workers_together() {
+        assert!(most_in_flight(3) <= 3, "at most the permits");
+        // Without the shared bound, each worker alone keeps up to 8 in flight.
+        assert!(most_in_flight(64) > 3, "the test sees concurrency when it is allowed");
     }
 
     #[test]

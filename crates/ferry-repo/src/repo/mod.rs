@@ -96,6 +96,9 @@ struct Inner {
     disk_cache: std::sync::OnceLock<Arc<DiskCache>>,
     /// Lease time of this process's backups and restores, in milliseconds (see `crate::gc`).
     lease_ttl_ms: std::sync::atomic::AtomicU64,
+    /// Ranged pack reads of restores in flight through this handle, at most
+    /// [`crate::pack_reads::MAX_REPOSITORY_READS`] (see there).
+    pack_reads: Arc<tokio::sync::Semaphore>,
 }
 
 /// This machine's host name (empty when the kernel does not say), recorded in snapshots and
@@ -228,6 +231,9 @@ impl Repository {
                 lease_ttl_ms: std::sync::atomic::AtomicU64::new(
                     crate::gc::DEFAULT_LEASE_TTL.as_millis() as u64,
                 ),
+                pack_reads: Arc::new(tokio::sync::Semaphore::new(
+                    crate::pack_reads::MAX_REPOSITORY_READS,
+                )),
             }),
         })
     }
@@ -311,6 +317,11 @@ impl Repository {
 
     pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
         &self.inner.store
+    }
+
+    /// The permits of restores' ranged pack reads through this handle.
+    pub(crate) fn pack_read_permits(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.inner.pack_reads
     }
 
     pub(crate) fn keys(&self) -> &RepoKeys {
