@@ -319,9 +319,26 @@ impl Repository {
         &self.inner.store
     }
 
-    /// The permits of restores' ranged pack reads through this handle.
-    pub(crate) fn pack_read_permits(&self) -> &Arc<tokio::sync::Semaphore> {
-        &self.inner.pack_reads
+    /// [`crate::pack_reads::fetch_in_order`] through this handle's store, within its
+    /// repository-wide bound on reads in flight.
+    ///
+    /// # Errors
+    /// As `fetch_in_order`.
+    pub(crate) fn fetch_packs_in_order(
+        &self,
+        handle: &tokio::runtime::Handle,
+        reads: &[crate::pack_reads::PackRead],
+        stop: &tokio_util::sync::CancellationToken,
+        each: impl FnMut(&crate::pack_reads::PackRead, Bytes) -> RepoResult<()>,
+    ) -> RepoResult<()> {
+        crate::pack_reads::fetch_in_order(
+            handle,
+            &self.inner.store,
+            &self.inner.pack_reads,
+            reads,
+            stop,
+            each,
+        )
     }
 
     pub(crate) fn keys(&self) -> &RepoKeys {

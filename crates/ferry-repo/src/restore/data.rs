@@ -72,52 +72,41 @@ pub(crate) fn restore_batch(shared: &Shared, batch: Batch) -> RepoResult<()> {
     }
     wants.sort_by_key(|w| (w.loc.pack, w.loc.offset));
     let reads = pack_reads::plan(&wants, |w| &w.loc)?;
-    let (store, permits) = (shared.repo.store(), shared.repo.pack_read_permits());
-    pack_reads::fetch_in_order(
-        &shared.handle,
-        store,
-        permits,
-        &reads,
-        &shared.stop,
-        |read, bytes| {
-            let key = &read.key;
-            let mut last: Option<(crate::format::BlobId, Vec<u8>)> = None;
-            for w in &wants[read.wants.clone()] {
-                let raw = match &last {
-                    Some((id, raw)) if *id == w.chunk.id => raw,
-                    _ => {
-                        let sealed = read.sealed(&bytes, &w.loc)?;
-                        let raw = open_blob(shared.repo.keys(), &w.chunk.id, w.loc.kind, sealed)
-                            .map_err(|e| {
-                                RepoError::corrupt(
-                                    format!("data blob {} in pack {key}", w.chunk.id),
-                                    e,
-                                )
-                            })?;
-                        &last.insert((w.chunk.id, raw)).1
-                    }
-                };
-                if raw.len() != w.chunk.len as usize {
-                    return Err(RepoError::corrupt(
-                        format!("data blob {} in pack {key}", w.chunk.id),
-                        crate::format::FormatError::Invalid {
-                            what: "blob",
-                            reason: "length differs from the tree".into(),
-                        },
-                    ));
+    shared.repo.fetch_packs_in_order(&shared.handle, &reads, &shared.stop, |read, bytes| {
+        let key = &read.key;
+        let mut last: Option<(crate::format::BlobId, Vec<u8>)> = None;
+        for w in &wants[read.wants.clone()] {
+            let raw = match &last {
+                Some((id, raw)) if *id == w.chunk.id => raw,
+                _ => {
+                    let sealed = read.sealed(&bytes, &w.loc)?;
+                    let raw = open_blob(shared.repo.keys(), &w.chunk.id, w.loc.kind, sealed)
+                        .map_err(|e| {
+                            RepoError::corrupt(format!("data blob {} in pack {key}", w.chunk.id), e)
+                        })?;
+                    &last.insert((w.chunk.id, raw)).1
                 }
-                let target = &batch[w.item].file;
-                if !(shared.sparse && raw.iter().all(|b| *b == 0)) {
-                    target
-                        .file
-                        .write_all_at(raw, w.offset)
-                        .map_err(|e| RepoError::io("write", &target.path, e))?;
-                }
-                shared.progress.bytes_done.fetch_add(raw.len() as u64, Ordering::Relaxed);
+            };
+            if raw.len() != w.chunk.len as usize {
+                return Err(RepoError::corrupt(
+                    format!("data blob {} in pack {key}", w.chunk.id),
+                    crate::format::FormatError::Invalid {
+                        what: "blob",
+                        reason: "length differs from the tree".into(),
+                    },
+                ));
             }
-            Ok(())
-        },
-    )?;
+            let target = &batch[w.item].file;
+            if !(shared.sparse && raw.iter().all(|b| *b == 0)) {
+                target
+                    .file
+                    .write_all_at(raw, w.offset)
+                    .map_err(|e| RepoError::io("write", &target.path, e))?;
+            }
+            shared.progress.bytes_done.fetch_add(raw.len() as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    })?;
     for item in batch {
         finish_item(shared, item)?;
     }

@@ -330,35 +330,27 @@ fn write_segment(shared: &Shared, segment: &Segment, zeros: &[u8]) -> RepoResult
     }
     wants.sort_by_key(|w| (w.loc.pack, w.loc.offset));
     let reads = pack_reads::plan(&wants, |w| &w.loc)?;
-    let (store, permits) = (shared.repo.store(), shared.repo.pack_read_permits());
-    pack_reads::fetch_in_order(
-        &shared.handle,
-        store,
-        permits,
-        &reads,
-        &shared.stop,
-        |read, bytes| {
-            for w in &wants[read.wants.clone()] {
-                let object = || format!("data blob {} in pack {}", w.chunk.id, read.key);
-                let sealed = read.sealed(&bytes, &w.loc)?;
-                let raw = open_blob(shared.repo.keys(), &w.chunk.id, w.loc.kind, sealed)
-                    .map_err(|e| RepoError::corrupt(object(), e))?;
-                if raw.len() != w.chunk.len as usize {
-                    return Err(RepoError::corrupt(
-                        object(),
-                        FormatError::Invalid {
-                            what: "blob",
-                            reason: "length differs from the volume snapshot".into(),
-                        },
-                    ));
-                }
-                write_chunk(shared, &raw, w.offset)?;
-                progress.bytes_read.fetch_add(raw.len() as u64, Ordering::Relaxed);
-                progress.bytes_done.fetch_add(raw.len() as u64, Ordering::Relaxed);
+    shared.repo.fetch_packs_in_order(&shared.handle, &reads, &shared.stop, |read, bytes| {
+        for w in &wants[read.wants.clone()] {
+            let object = || format!("data blob {} in pack {}", w.chunk.id, read.key);
+            let sealed = read.sealed(&bytes, &w.loc)?;
+            let raw = open_blob(shared.repo.keys(), &w.chunk.id, w.loc.kind, sealed)
+                .map_err(|e| RepoError::corrupt(object(), e))?;
+            if raw.len() != w.chunk.len as usize {
+                return Err(RepoError::corrupt(
+                    object(),
+                    FormatError::Invalid {
+                        what: "blob",
+                        reason: "length differs from the volume snapshot".into(),
+                    },
+                ));
             }
-            Ok(())
-        },
-    )
+            write_chunk(shared, &raw, w.offset)?;
+            progress.bytes_read.fetch_add(raw.len() as u64, Ordering::Relaxed);
+            progress.bytes_done.fetch_add(raw.len() as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    })
 }
 
 /// Writes a chunk; on a zeroed target, leaves its all-zero blocks unwritten (holes stay holes).
