@@ -5,10 +5,7 @@
 #
 # Stage 1: build the release binary with the versions pinned in Cargo.lock.
 FROM rust:1.95-bookworm AS build
-# cmake and clang: aws-lc-sys (the S3 client's TLS) builds C code.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends cmake clang \
- && rm -rf /var/lib/apt/lists/*
+# The C code some crates build (ring for TLS, zstd) needs only the image's own C compiler.
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

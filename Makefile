@@ -4,7 +4,7 @@ CARGO ?= cargo
 export GOTOOLCHAIN := local
 export CGO_ENABLED := 0
 
-.PHONY: test test-build tools demo fmt-check clippy control-plane realnode velero helm build fuzz
+.PHONY: test test-build image-binary tools demo fmt-check clippy control-plane realnode velero helm build fuzz
 
 # Clippy lints the workspace's crates inside the test build itself: clippy-driver wraps rustc
 # for them (as `cargo clippy` does), with warnings as errors. One compilation instead of a
@@ -13,17 +13,24 @@ CLIPPY_DRIVER := $(shell rustc --print sysroot 2>/dev/null)/bin/clippy-driver
 LINTED := RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
 
 ## make test: formatting check, clippy with warnings as errors, every test, a short fuzz run.
-## `make -j4 test` (what .ci/run runs) builds the Go tools and the Rust tests side by side. The
+## `make -j4 test` (what .ci/run runs) builds the Go tools, the Rust tests and the release binary
+## the real-node tests put in Ferry's image (FERRY_IMAGE_BINARY) side by side. The
 ## test binaries then run two at a time, the longest first (scripts/run-tests.sh; FERRY_TEST_JOBS=1
 ## runs them one after another), while the fuzz targets build at low priority.
-test: fmt-check tools test-build
+test: fmt-check tools test-build image-binary
 	@set -e; fuzz_log=$$(mktemp); nice -n 19 scripts/fuzz.sh --build-only >"$$fuzz_log" 2>&1 & fuzz=$$!; \
 	trap 'kill $$fuzz 2>/dev/null || true; rm -f "$$fuzz_log"' EXIT; \
-	status=0; $(LINTED) CARGO=$(CARGO) scripts/run-tests.sh || status=$$?; \
+	status=0; FERRY_IMAGE_BINARY=$(IMAGE_BINARY) $(LINTED) CARGO=$(CARGO) scripts/run-tests.sh || status=$$?; \
 	scripts/check-leaks.sh; \
 	[ $$status = 0 ] || exit $$status; \
 	wait $$fuzz || { cat "$$fuzz_log" >&2; echo "fuzz: building the targets failed" >&2; exit 1; }; \
 	scripts/fuzz.sh 8
+
+## The release binary the real-node tests put in Ferry's image, as the Dockerfile builds it
+## (beside the test build: the two profiles build in their own folders).
+IMAGE_BINARY := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/ferry
+image-binary:
+	$(CARGO) build --locked --release -p ferry --bin ferry
 
 ## Compiles every test (clippy's lints included) without running them.
 test-build:

@@ -21,7 +21,7 @@ use crate::ops::{create_or_get, delete_if_present, get_opt, owner_of, update};
 use crate::pod;
 use crate::volume_wait::{VolumeWaits, locate_telling};
 use crate::wait::{Look, until};
-use crate::{ExposeError, ExposerConfig, kept, labels};
+use crate::{ExposeError, ExposerConfig, kept, labels, release};
 
 /// Exposes DataUploads' CSI snapshots. See the crate docs.
 #[derive(Clone)]
@@ -354,7 +354,7 @@ impl Exposer<DataUpload> for CsiBackupExposer {
         still_held(&self.client, &self.config, &du.name_any(), volume).await.map_err(Into::into)
     }
 
-    async fn cleanup(&self, du: &DataUpload, _timeout: Duration) -> Result<(), WorkError> {
+    async fn cleanup(&self, du: &DataUpload, timeout: Duration) -> Result<(), WorkError> {
         let name = du.name_any();
         self.waits.done(&name);
         let completed =
@@ -362,8 +362,10 @@ impl Exposer<DataUpload> for CsiBackupExposer {
         // A completed block backup's physical snapshot stays, as the next delta's base.
         let kept_at = tokio::time::Instant::now();
         let kept = completed && kept::keep(&self.client, du).await?;
-        delete_if_present(&self.pods(), &objects::holder_name(&name), "deleting the backup pod")
-            .await?;
+        // The PVC only once the node has let go of its volume (see `release`).
+        let holder = objects::holder_name(&name);
+        let step = "deleting the backup pod";
+        release::delete_holder(&self.client, &self.config, &holder, &name, timeout, step).await?;
         delete_if_present(&self.claims(), &name, "deleting the backup PVC").await?;
         if kept {
             tokio::time::sleep_until(kept_at + kept::SETTLE).await;

@@ -24,6 +24,9 @@ pub struct ExposerConfig {
     /// `/var/lib/kubelet` with `HostToContainer` propagation). Volumes are found under
     /// `<kubelet_root>/pods/<podUID>/`.
     pub kubelet_root: PathBuf,
+    /// The node this agent runs on, whose kubelet's directory is the one at `kubelet_root`
+    /// (`None`: taken to be the node of every holding pod).
+    pub node_name: Option<String>,
     /// The image of the pods that hold exposed volumes (the agent's own image).
     pub pod_image: String,
     /// The command those pods run: it must only wait.
@@ -112,6 +115,7 @@ impl ExposerConfig {
         Self {
             namespace: DEFAULT_VELERO_NAMESPACE.to_owned(),
             kubelet_root: PathBuf::from("/var/lib/kubelet"),
+            node_name: None,
             pod_image: pod_image.into(),
             pod_command: vec!["/ferry".into(), "hold".into()],
             backup_storage_class: BTreeMap::new(),

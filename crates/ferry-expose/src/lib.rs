@@ -40,6 +40,7 @@ mod ops;
 mod placement;
 mod pod;
 mod quantity;
+mod release;
 mod resources;
 mod restore;
 mod tolerations;

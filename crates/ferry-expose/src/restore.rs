@@ -23,7 +23,7 @@ use crate::ops::{create_or_get, delete_if_present, get_opt, owner_of, update};
 use crate::pod;
 use crate::volume_wait::{VolumeWaits, locate_telling};
 use crate::wait::{Look, until};
-use crate::{ExposeError, ExposerConfig, labels};
+use crate::{ExposeError, ExposerConfig, labels, release};
 
 /// Exposes DataDownloads' target volumes. See the crate docs.
 #[derive(Clone)]
@@ -53,6 +53,15 @@ impl CsiRestoreExposer {
 
     fn claims(&self) -> Api<PersistentVolumeClaim> {
         Api::namespaced(self.client.clone(), &self.config.namespace)
+    }
+
+    /// Deletes the holding pod of restore `name`, then, once its node let go of the volume
+    /// (see `release`), the restore PVC.
+    async fn let_go(&self, name: &str, timeout: Duration) -> Result<(), ExposeError> {
+        let holder = objects::holder_name(name);
+        let step = "deleting the restore pod";
+        release::delete_holder(&self.client, &self.config, &holder, name, timeout, step).await?;
+        delete_if_present(&self.claims(), name, "deleting the restore PVC").await
     }
 
     fn volumes(&self) -> Api<PersistentVolume> {
@@ -283,9 +292,7 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
         })
         .await?;
         // 2. Let go of it: pod and restore PVC gone.
-        delete_if_present(&self.pods(), &objects::holder_name(&name), "deleting the restore pod")
-            .await?;
-        delete_if_present(&self.claims(), &name, "deleting the restore PVC").await?;
+        self.let_go(&name, timeout).await?;
         until(&format!("restore PVC {name} to be deleted"), timeout, &cancel, || async {
             Ok(match get_opt(&self.claims(), &name, "reading the restore PVC").await? {
                 None => Look::Ready(()),
@@ -360,12 +367,10 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
         Ok(())
     }
 
-    async fn cleanup(&self, dd: &DataDownload, _timeout: Duration) -> Result<(), WorkError> {
+    async fn cleanup(&self, dd: &DataDownload, timeout: Duration) -> Result<(), WorkError> {
         let name = dd.name_any();
         self.waits.done(&name);
-        delete_if_present(&self.pods(), &objects::holder_name(&name), "deleting the restore pod")
-            .await?;
-        delete_if_present(&self.claims(), &name, "deleting the restore PVC").await?;
+        self.let_go(&name, timeout).await?;
         // A volume Ferry held but never handed over (the restore failed or was canceled
         // between steps) is deleted; one bound to the target is the user's.
         let completed =

@@ -145,3 +145,91 @@ async fn a_long_wait_for_the_kubelet_is_told_with_the_expected_path() -> TestRes
     assert_eq!(notes(&client, &ns, "du-quiet", WAITING_FOR_VOLUME).await?, Vec::<String>::new());
     Ok(())
 }
+
+/// The other way round: after the backup, the PVC is deleted only once the node let go of the
+/// volume. The holding pod was evicted (a terminal phase, so the API server removes it at
+/// once when deleted); the kubelet's entry for its volume stays until the test removes it, as
+/// the kubelet does once it unpublished the volume. Until then the PVC is not deleted.
+#[tokio::test]
+async fn the_pvc_is_deleted_only_after_the_kubelet_let_go_of_the_volume() -> TestResult {
+    use ferry_api::k8s_openapi::api::core::v1::Node;
+    let cp = ControlPlane::shared();
+    let client = cp.client()?;
+    let ns = cp.unique_namespace("expose-release").await?;
+    let kubelet = tempfile::tempdir()?;
+    let mut config = ExposerConfig::new("ferry:test");
+    config.namespace.clone_from(&ns);
+    config.kubelet_root = kubelet.path().to_owned();
+    // A Ready node of its own (only a running kubelet releases volumes).
+    let node_name = format!("{ns}-node");
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+            "metadata": { "name": node_name } }))?,
+        )
+        .await?;
+    let ready = json!({ "status": { "conditions": [{ "type": "Ready", "status": "True" }] } });
+    nodes.patch_status(&node_name, &PatchParams::default(), &Patch::Merge(&ready)).await?;
+    let result = async {
+        let (du, uid) =
+            exposed_upload(&client, &ns, "du-release", &node_name, "pv-release").await?;
+        let entry =
+            kubelet.path().join(format!("pods/{uid}/volumes/kubernetes.io~csi/pv-release/mount"));
+        std::fs::create_dir_all(&entry)?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let evicted = json!({ "status": { "phase": "Failed", "reason": "Evicted" } });
+        pods.patch_status("du-release", &PatchParams::default(), &Patch::Merge(&evicted)).await?;
+
+        let exposer = CsiBackupExposer::new(client.clone(), config.clone());
+        let cleanup =
+            tokio::spawn(async move { exposer.cleanup(&du, Duration::from_secs(60)).await });
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        let deleted = |c: Option<PersistentVolumeClaim>| {
+            c.is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+        };
+        // The pod goes at once; the PVC stays while the kubelet has the volume.
+        let until = tokio::time::Instant::now() + Duration::from_secs(20);
+        while pods.get_opt("du-release").await?.is_some() {
+            assert!(tokio::time::Instant::now() < until, "the evicted pod was not deleted");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(!deleted(claims.get_opt("du-release").await?), "PVC deleted while in use");
+        assert!(!cleanup.is_finished(), "cleanup ended while the kubelet had the volume");
+
+        // The kubelet unpublishes: the entry goes, and then the PVC.
+        std::fs::remove_dir_all(kubelet.path().join("pods").join(&uid))?;
+        tokio::time::timeout(Duration::from_secs(20), cleanup).await???;
+        assert!(deleted(claims.get_opt("du-release").await?), "PVC not deleted after release");
+
+        // No wait where nothing can be seen or released: a holding pod on another node than
+        // this agent's (only its object's removal is waited for), and a node not Ready.
+        for (du, node_of_agent, ready) in
+            [("du-elsewhere", "another-node", "True"), ("du-lost", node_name.as_str(), "False")]
+        {
+            let (upload, uid) = exposed_upload(&client, &ns, du, &node_name, du).await?;
+            std::fs::create_dir_all(
+                kubelet.path().join(format!("pods/{uid}/volumes/kubernetes.io~csi/{du}/mount")),
+            )?;
+            pods.patch_status(du, &PatchParams::default(), &Patch::Merge(&evicted)).await?;
+            let status =
+                json!({ "status": { "conditions": [{ "type": "Ready", "status": ready }] } });
+            nodes.patch_status(&node_name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+            let mut config = config.clone();
+            config.node_name = Some(node_of_agent.to_owned());
+            let exposer = CsiBackupExposer::new(client.clone(), config);
+            tokio::time::timeout(
+                Duration::from_secs(20),
+                exposer.cleanup(&upload, Duration::from_secs(60)),
+            )
+            .await??;
+            assert!(deleted(claims.get_opt(du).await?), "{du}: PVC not deleted");
+        }
+        Ok::<(), Box<dyn std::error::Error>>(())
+    }
+    .await;
+    nodes.delete(&node_name, &Default::default()).await?;
+    result
+}

@@ -100,6 +100,37 @@ pub fn realnode_images() -> anyhow::Result<PathBuf> {
     Ok(bin.parent().map_or_else(|| bin.join("images"), |p| p.join("images")))
 }
 
+/// The `ferry` binary the real-node tests make Ferry's image of: `$FERRY_IMAGE_BINARY`, which
+/// `make test` sets to the release build (`target/release/ferry`, the binary the Dockerfile
+/// puts in the image users run), else `dev_build` (the test's own build of the same source;
+/// said on standard error).
+///
+/// # Errors
+/// `$FERRY_IMAGE_BINARY` names no file.
+pub fn image_binary(dev_build: &Path) -> anyhow::Result<PathBuf> {
+    match std::env::var_os("FERRY_IMAGE_BINARY").filter(|v| !v.is_empty()) {
+        Some(path) => {
+            let path = PathBuf::from(path);
+            if !path.is_file() {
+                bail!(
+                    "FERRY_IMAGE_BINARY is {}, which is not a file (build it with \
+                     `cargo build --release --locked -p ferry`)",
+                    path.display()
+                );
+            }
+            Ok(path)
+        }
+        None => {
+            eprintln!(
+                "Ferry's image is made of the tests' own build {} (FERRY_IMAGE_BINARY is not \
+                 set; `make test` sets it to the release build)",
+                dev_build.display()
+            );
+            Ok(dev_build.to_owned())
+        }
+    }
+}
+
 /// The pinned `helm`: `$FERRY_HELM`, or what `deploy/build-helm.sh` builds and caches.
 ///
 /// # Errors

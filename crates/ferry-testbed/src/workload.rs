@@ -1,15 +1,14 @@
 //! Pods run to completion on the real node ([`crate::realnode`]), as an application or a user
 //! runs them: create, wait until the container ends, delete, and wait until the node has let
-//! go of the pod's volumes (an ended pod leaves the API before the kubelet unmounts them).
+//! go of the pod's volumes (an ended pod leaves the API before the kubelet unmounts them, so a
+//! PVC deleted right after would lose its volume while it is still published).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
-
-use crate::realnode::NODE_NAME;
 
 /// Runs `pod` (which must not restart) until its container ends; deletes it and waits until
 /// the node no longer uses its PVCs' volumes. Returns what the container wrote to
@@ -27,7 +26,7 @@ pub async fn run_to_completion(
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let name = pods.create(&PostParams::default(), pod).await?.name_any();
     let deadline = Instant::now() + wait;
-    let result = loop {
+    let (ran, result) = loop {
         let p = pods.get(&name).await?;
         let status = p.status.clone().unwrap_or_default();
         let terminated = status
@@ -38,15 +37,15 @@ pub async fn run_to_completion(
         if let Some(t) = terminated {
             let message = t.message.unwrap_or_default();
             if t.exit_code != 0 {
-                break Err(anyhow::anyhow!("pod {ns}/{name} failed ({}): {message}", t.exit_code));
+                let failed = anyhow::anyhow!("pod {ns}/{name} failed ({}): {message}", t.exit_code);
+                break (p, Err(failed));
             }
-            break Ok(message);
+            break (p, Ok(message));
         }
         if Instant::now() > deadline {
-            break Err(anyhow::anyhow!(
-                "pod {ns}/{name} did not finish within {wait:?}: {:?}",
-                p.status
-            ));
+            let late =
+                anyhow::anyhow!("pod {ns}/{name} did not finish within {wait:?}: {:?}", p.status);
+            break (p, Err(late));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
@@ -58,42 +57,41 @@ pub async fn run_to_completion(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let claims = pod
-        .spec
-        .iter()
-        .flat_map(|s| s.volumes.iter().flatten())
-        .filter_map(|v| v.persistent_volume_claim.as_ref().map(|c| c.claim_name.clone()));
-    for claim in claims {
-        volume_released(client, &ns, &claim, wait).await?;
-    }
-    result
+    // The pod's own failure says more than a volume that stayed.
+    let released = volumes_released(&ran, wait).await;
+    let message = result?;
+    released?;
+    Ok(message)
 }
 
-/// Waits until the node no longer lists the volume of PVC `ns/pvc` in use.
+/// Waits until the kubelet of the node `pod` ran on has let go of the pod's CSI volumes
+/// ([`crate::realnode::kubelet_volumes`] lists nothing of the pod's any more). The node's
+/// `status.volumesInUse` would not tell: the kubelet lists only volumes of drivers with attach
+/// there, and the hostpath driver has none.
 ///
 /// # Errors
-/// The API failed, or the volume stayed in use for `wait`.
-pub async fn volume_released(
-    client: &Client,
-    ns: &str,
-    pvc: &str,
-    wait: Duration,
-) -> anyhow::Result<()> {
-    let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns).get(pvc).await?;
-    let Some(volume) = claim.spec.and_then(|s| s.volume_name) else { return Ok(()) };
-    let pv = Api::<PersistentVolume>::all(client.clone()).get(&volume).await?;
-    let handle = pv.spec.and_then(|s| s.csi).map(|c| c.volume_handle).unwrap_or(volume);
-    let nodes: Api<Node> = Api::all(client.clone());
+/// The node is not one of this process's running real nodes, its folder could not be read,
+/// or the volumes stayed for `wait`.
+async fn volumes_released(pod: &Pod, wait: Duration) -> anyhow::Result<()> {
+    let name = pod.name_any();
+    let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else { return Ok(()) };
+    let uid = pod.uid().unwrap_or_default();
+    let root = crate::realnode::kubelet_root_of(&node).with_context(|| {
+        format!("pod {name} ran on {node}, not a running real node of this process")
+    })?;
     let deadline = Instant::now() + wait;
     loop {
-        let in_use =
-            nodes.get(NODE_NAME).await?.status.and_then(|s| s.volumes_in_use).unwrap_or_default();
-        if !in_use.iter().any(|v| v.ends_with(&handle)) {
+        let held: Vec<_> = crate::realnode::kubelet_volumes(&root)?
+            .into_iter()
+            .filter(|v| v.pod_uid == uid)
+            .map(|v| v.path)
+            .collect();
+        if held.is_empty() {
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("the node still uses {handle} after {wait:?}");
+            bail!("node {node} still has volumes of pod {name} after {wait:?}: {held:?}");
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }

@@ -255,6 +255,7 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     let mut exposer = ExposerConfig::new(args.pod_image.clone());
     exposer.namespace.clone_from(&args.namespace);
     exposer.kubelet_root.clone_from(&args.kubelet_root);
+    exposer.node_name = Some(args.node_name.clone());
     exposer.unschedulable_grace = args.unschedulable_grace;
     let pod = own_pod(&client, args).await?;
     exposer.agent_tolerations =

@@ -33,7 +33,7 @@ use crate::process::{self, Guarded};
 mod node;
 pub mod snapshot_metadata;
 
-pub use node::KubeNode;
+pub use node::{KubeNode, KubeletVolume, kubelet_root_of, kubelet_volumes};
 
 /// The node's address inside its network namespace (the kubelet listens there).
 pub const NODE_IP: &str = "10.1.0.1";

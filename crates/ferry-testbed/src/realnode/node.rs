@@ -105,6 +105,7 @@ impl KubeNode {
             SocketAddr::new(Ipv4Addr::LOCALHOST.into(), cp.port()),
         )])?);
         self.write_kubeconfig(cp)?;
+        register_kubelet_root(&self.name, ns.path(Path::new(KUBELET_ROOT)));
         self.namespaces = Some(ns);
 
         self.start_containerd().await?;
@@ -537,6 +538,8 @@ fileCheckFrequency: 10s
     /// driver, every pod) is killed at once; its files stay until the node is dropped. The API
     /// server keeps its Node object, which the node-lifecycle controller marks NotReady.
     pub fn power_off(&self) {
+        // Its kubelet's folder is no longer there to look at.
+        forget_kubelet_root(&self.name);
         // Everything in the node's namespaces (kubelet, containerd, the driver, every pod)
         // first and at once; then its processes on the host (its CSI sidecars).
         if let Some(ns) = &self.namespaces {
@@ -567,6 +570,88 @@ fileCheckFrequency: 10s
             .stdin(Stdio::null())
             .status();
     }
+}
+
+/// The kubelet roots of the nodes running in this process, as the host sees them (through
+/// the node's mount namespace), by node name.
+static KUBELET_ROOTS: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+
+fn kubelet_roots() -> std::sync::MutexGuard<'static, Vec<(String, PathBuf)>> {
+    KUBELET_ROOTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn register_kubelet_root(name: &str, root: PathBuf) {
+    let mut roots = kubelet_roots();
+    roots.retain(|(n, _)| n != name);
+    roots.push((name.to_owned(), root));
+}
+
+fn forget_kubelet_root(name: &str) {
+    kubelet_roots().retain(|(n, _)| n != name);
+}
+
+/// The kubelet's root directory (`--root-dir`), as the host sees it, of the node `name`
+/// running in this process; `None` for any other node, and for one powered off.
+#[must_use]
+pub fn kubelet_root_of(name: &str) -> Option<PathBuf> {
+    kubelet_roots().iter().find(|(n, _)| n == name).map(|(_, root)| root.clone())
+}
+
+/// One CSI volume the kubelet (or the driver, for a block volume's publish path) still has
+/// on a node: the PV's name, the pod's UID and the path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeletVolume {
+    /// The PersistentVolume's name.
+    pub pv: String,
+    /// The UID of the pod it is (or was) published for.
+    pub pod_uid: String,
+    /// The entry, under the kubelet's root as the host sees it.
+    pub path: PathBuf,
+}
+
+/// Every CSI volume entry under kubelet root `root` (as the host sees it): each pod's
+/// `volumes/kubernetes.io~csi/<pv>` (a file-system volume's folder, removed once the driver
+/// unpublished it) and `volumeDevices/kubernetes.io~csi/<pv>` (a block volume's device entry,
+/// removed before the driver unpublishes), and the driver's block publish paths
+/// `plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod uid>` (removed by the driver
+/// when it unpublishes).
+///
+/// # Errors
+/// A folder that exists could not be read.
+pub fn kubelet_volumes(root: &Path) -> anyhow::Result<Vec<KubeletVolume>> {
+    let mut found = Vec::new();
+    for uid in names_in(&root.join("pods"))? {
+        for kind in ["volumes", "volumeDevices"] {
+            let dir = root.join("pods").join(&uid).join(kind).join("kubernetes.io~csi");
+            for pv in names_in(&dir)? {
+                let path = dir.join(&pv);
+                found.push(KubeletVolume { pv, pod_uid: uid.clone(), path });
+            }
+        }
+    }
+    let publish = root.join("plugins/kubernetes.io/csi/volumeDevices/publish");
+    for pv in names_in(&publish)? {
+        for uid in names_in(&publish.join(&pv))? {
+            let path = publish.join(&pv).join(&uid);
+            found.push(KubeletVolume { pv: pv.clone(), pod_uid: uid, path });
+        }
+    }
+    Ok(found)
+}
+
+/// The names in folder `dir`; none when it does not exist.
+fn names_in(dir: &Path) -> anyhow::Result<Vec<String>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+        names.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    Ok(names)
 }
 
 impl Drop for KubeNode {

@@ -108,6 +108,10 @@ cd /data && for f in $(ls | sort); do echo \"$f $(md5sum < $f | cut -d' ' -f1)\"
     let du = node::wait_upload(&client, &name).await?;
     let by = du.status.as_ref().map(|s| s.node.clone()).unwrap_or_default();
     assert_eq!(by, ferry_testbed::realnode::NODE_NAME);
+    // The new agent resumed it (it did not start over from Prepared), and said so.
+    let told = node::agent_events_after(&client, &name, "Resumed").await?;
+    assert_eq!(told.get("Resumed"), Some(&1), "a Resumed Event on {name}: {told:?}");
+    assert_eq!(told.get("Prepared"), Some(&1), "prepared once, by the old agent: {told:?}");
     node.cluster.wait_agent_ready(&client).await?;
 
     let target_ns = node.namespace("restart-restored").await?;
@@ -159,8 +163,15 @@ async fn a_user_sees_columns_events_and_metrics() -> TestResult {
     assert!(row.contains("Completed") && row.contains(node::BSL), "{table}");
     assert!(row.contains(ferry_testbed::realnode::NODE_NAME), "the node that moved it: {table}");
 
-    let ours = node::agent_events(&client, &name).await?;
-    assert!(!ours.is_empty(), "the agent published Events on {name}");
+    // The Events a user sees with `kubectl describe` / `kubectl get events`: each phase the
+    // agent moved it through, once, and no warning.
+    let ours = node::agent_events_after(&client, &name, "Completed").await?;
+    for reason in ["Prepared", "InProgress", "Completed"] {
+        assert_eq!(ours.get(reason), Some(&1), "one {reason} Event on {name}: {ours:?}");
+    }
+    for reason in ["Failed", "CleanupFailed", "Canceled"] {
+        assert!(!ours.contains_key(reason), "no {reason} Event on {name}: {ours:?}");
+    }
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let agent = pods.list(&ListParams::default().labels(AGENT_LABELS)).await?.items;

@@ -102,17 +102,43 @@ pub async fn set_up_on(cluster: &'static RealCluster, values: &[&str]) -> anyhow
             ),
         )
         .await?;
-    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_ferry"));
+    let binary =
+        ferry_testbed::paths::image_binary(std::path::Path::new(env!("CARGO_BIN_EXE_ferry")))?;
     let mut all = vec!["agent.logLevel=info\\,ferry=debug"];
     if !values.iter().any(|v| v.starts_with("agent.extraArgs=")) {
         all.push("agent.extraArgs={--progress-interval,1s}");
     }
     all.extend(values);
-    cluster.install_ferry(binary, &all).await?;
+    cluster.install_ferry(&binary, &all).await?;
     Ok(Node { cluster, s3_endpoint: s3.endpoint().to_owned(), _relay: relay })
 }
 
 impl Node {
+    /// What the agent pods (as they are now) logged, read where the kubelet keeps containers'
+    /// logs on the node (as `kubectl logs` shows them, with the runtime's line prefixes).
+    pub async fn agent_logs(&self) -> Result<String, Box<dyn std::error::Error>> {
+        let pods: Api<Pod> = Api::namespaced(self.client()?, VELERO_NAMESPACE);
+        let selector = "app.kubernetes.io/name=ferry,app.kubernetes.io/component=agent";
+        let mut log = String::new();
+        for pod in pods.list(&kube::api::ListParams::default().labels(selector)).await?.items {
+            let dir = self.cluster.nodes()[0].dir().join("var-log/pods").join(format!(
+                "{VELERO_NAMESPACE}_{}_{}",
+                pod.name_any(),
+                pod.uid().unwrap_or_default()
+            ));
+            // The current log and rotated ones not yet compressed (`.gz`: older still).
+            let mut files: Vec<_> = std::fs::read_dir(dir.join("agent"))?
+                .map(|f| f.map(|f| f.path()))
+                .collect::<Result<_, _>>()?;
+            files.retain(|f| f.extension().is_none_or(|e| e != "gz"));
+            files.sort();
+            for file in files {
+                log.push_str(&std::fs::read_to_string(file)?);
+            }
+        }
+        Ok(log)
+    }
+
     /// Runs the `ferry` CLI on the repository of `namespace`'s volumes in the BSL, with the
     /// password the agents keep in `ferry-repo-credentials` and the cluster's kubeconfig;
     /// returns its standard output.
@@ -460,12 +486,16 @@ pub fn name_of<K: ResourceExt>(object: &K) -> String {
     object.name_any()
 }
 
-/// Waits (up to a minute: the kubelet unmaps asynchronously) until no loop device on the node
-/// belongs to a volume that no longer exists; fails naming the ones that stay. A leaked device
-/// means a volume was deleted while the kubelet still had it mapped.
+/// Waits (up to a minute: the kubelet unmounts and unmaps asynchronously) until the node holds
+/// nothing of a volume that no longer exists: no loop device over its backing file, no entry
+/// for it in the kubelet's pod directories (a file-system volume's mount directory, a block
+/// volume's device entry). Fails naming what stays: a volume was deleted while the kubelet
+/// still had it published, which the kubelet can never undo (the driver no longer knows it).
 pub async fn no_leaked_devices(node: &Node) -> TestResult {
     use ferry_api::k8s_openapi::api::core::v1::PersistentVolume;
     let volumes: Api<PersistentVolume> = Api::all(node.client()?);
+    let kubelet =
+        node.cluster.node_path(std::path::Path::new(ferry_testbed::realnode::KUBELET_ROOT));
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let live: Vec<String> = volumes
@@ -480,19 +510,27 @@ pub async fn no_leaked_devices(node: &Node) -> TestResult {
             })
             .filter(|s| !s.is_empty())
             .collect();
-        let leaked: Vec<(String, String)> = node
+        let mut leaked: Vec<(String, String)> = node
             .cluster
             .loop_devices()
             .into_iter()
             .filter(|(_, file)| !live.iter().any(|v| file.contains(v.as_str())))
             .collect();
+        leaked.extend(
+            realnode::kubelet_volumes(&kubelet)?
+                .into_iter()
+                .filter(|v| !live.contains(&v.pv))
+                .map(|v| (v.pv, v.path.display().to_string())),
+        );
         if leaked.is_empty() {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(
-                format!("loop devices of deleted volumes stay on the node: {leaked:?}").into()
-            );
+            return Err(format!(
+                "the node still holds volumes that were deleted (loop devices, kubelet entries): \
+                 {leaked:?}"
+            )
+            .into());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -566,6 +604,23 @@ pub async fn admitted_as_restricted(client: &Client, pod: &Pod) -> TestResult {
 }
 
 /// The agents' Events on the CR `name` in Velero's namespace, counted by reason.
+/// [`agent_events`] once the agent published the `reason` Event (it publishes each one right
+/// after the status write it tells of), waiting up to a minute.
+pub async fn agent_events_after(
+    client: &Client,
+    name: &str,
+    reason: &str,
+) -> Result<std::collections::BTreeMap<String, i32>, Box<dyn std::error::Error>> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let events = agent_events(client, name).await?;
+        if events.contains_key(reason) || Instant::now() > deadline {
+            return Ok(events);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 pub async fn agent_events(
     client: &Client,
     name: &str,

@@ -17,9 +17,15 @@ pub const FS_WRITE: &str = r#"set -e; cd /data; mkdir -p sub/deep empty
 for i in $(seq 1 20); do dd if=/dev/urandom of=f$i bs=1k count=$((i * 37)) 2>/dev/null; done
 echo hello > sub/deep/h; chmod 600 sub/deep/h; chmod 750 sub
 ln -s ../f1 sub/link
+ln f2 sub/hard
 dd if=/dev/urandom of=sparse bs=4k seek=1024 count=1 2>/dev/null
 sync
 "#;
+
+/// The sum of the sizes of the volume's regular files, each inode once.
+const INODE_BYTES: &str = "cd /data && find . -path ./lost+found -prune -o -type f -print \
+  | while read -r p; do stat -c '%i %s' \"$p\"; done | sort -u \
+  | awk '{ s += $2 } END { print s }' > /dev/termination-log";
 
 /// Random data at two places of the device; the manifest is the MD5 of the whole device.
 pub const BLOCK_WRITE: &str = "set -e
@@ -38,6 +44,8 @@ async fn filesystem_pvc_round_trip() -> TestResult {
     let written =
         node::run_pod(&client, &ns, "data", false, &format!("{FS_WRITE}\n{FS_MANIFEST}")).await?;
     assert!(written.lines().count() > 20, "the writer listed its tree: {written}");
+    // The bytes of the tree's regular files, each inode once (f2 is also sub/hard).
+    let inode_bytes = node::run_pod(&client, &ns, "data", false, INODE_BYTES).await?;
 
     let snapshot = node::snapshot(&client, &ns, "data").await?;
     let du = node::data_upload(&client, &ns, "data", &snapshot, "fs-backup").await?;
@@ -45,6 +53,17 @@ async fn filesystem_pvc_round_trip() -> TestResult {
     let status = du.status.clone().unwrap_or_default();
     assert!(!status.snapshot_id.is_empty(), "a snapshot ID: {status:?}");
     assert!(status.progress.total_bytes > 7_000_000, "the tree's bytes counted: {status:?}");
+    assert_eq!(
+        status.progress.total_bytes.to_string(),
+        inode_bytes.trim(),
+        "totalBytes counts each inode's bytes once: {status:?}"
+    );
+    // The chart's log level (`ferry=debug` here) reaches the agent, whose pod log has no
+    // terminal colour codes.
+    let log = node.agent_logs().await?;
+    let tail: Vec<&str> = log.lines().rev().take(20).collect();
+    assert!(log.contains("driver step"), "no debug line in the agent's log; its end: {tail:#?}");
+    assert!(!log.contains('\x1b'), "colour codes in the agent's log");
     let snapshots = node.ferry(&ns, &["snapshots", "--json"]).await?;
     assert!(
         snapshots.contains(&status.snapshot_id),
