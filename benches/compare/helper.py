@@ -10,6 +10,7 @@ Subcommands:
   free-port  print a free TCP port on 127.0.0.1
   wait-http  wait until a URL answers 200
   stats     count the regular files and bytes of a tree
+  gen-tree  write a synthetic tree of many small files (deterministic from a seed)
   mutate    change a deterministic 1 % of a tree's files, in place
   snapshot-id  pull the snapshot ID out of a tool's captured backup output
   meta      describe the machine, data and settings (from environment variables) as JSON
@@ -171,6 +172,50 @@ def regular_files(root):
 def cmd_stats(args):
     files = regular_files(args.dir)
     print(json.dumps({"files": len(files), "bytes": sum(s for _, s in files)}))
+
+
+# Sizes of the synthetic tree's files: (share, smallest, largest) bands; about 2.9 KB a file on
+# average, most of them under 2 KiB (many-small-files trees: mail stores, package caches,
+# source checkouts, object-per-file databases).
+GEN_BANDS = ((0.70, 0, 2048), (0.28, 2048, 8192), (0.02, 8192, 65536))
+GEN_WORDS = ("data", "volume", "snapshot", "backup", "restore", "chunk", "index", "pack", "node",
+             "agent", "upload", "download", "cluster", "storage", "object", "bucket", "tree",
+             "file", "block", "key", "value", "state", "phase", "error", "retry", "limit")
+
+
+def cmd_gen_tree(args):
+    """A tree of N regular files, 1,000 per directory, 10 directories per parent.
+
+    Each file is a unique header line followed by a slice of a 32 MiB pool of word text taken
+    at a seeded offset: files compress like text and do not deduplicate against each other.
+    """
+    rng = random.Random(args.seed)
+    pool_words = rng.choices(GEN_WORDS, k=6 * 1024 * 1024)
+    pool = " ".join(pool_words).encode()[: 32 << 20]
+    os.makedirs(args.dir, exist_ok=True)
+    total = 0
+    made = set()
+    for i in range(args.files):
+        d = os.path.join(args.dir, f"d{i // 10000:04}", f"s{(i // 1000) % 10}")
+        if d not in made:
+            os.makedirs(d, exist_ok=True)
+            made.add(d)
+        r = rng.random()
+        for share, lo, hi in GEN_BANDS:
+            if r < share:
+                break
+            r -= share
+        size = rng.randrange(lo, hi)
+        head = f"// synthetic file {i} of seed {args.seed}\n".encode()
+        off = rng.randrange(len(pool) - hi)
+        body = (head + pool[off:off + size])[:max(size, len(head))]
+        fd = os.open(os.path.join(d, f"f{i % 1000:03}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, body)
+        finally:
+            os.close(fd)
+        total += len(body)
+    print(json.dumps({"files": args.files, "bytes": total}))
 
 
 def cmd_mutate(args):
@@ -467,6 +512,15 @@ def cmd_report(args):
             cells.append(fmt(orr / fr if fr and orr else None) + "×")
             out.append("| " + " | ".join(cells) + " |")
     out += path_tables(med, tools, data_bytes)
+    files = meta["data"]["files"]
+    if files >= 100_000:
+        out += ["", f"Time per file (µs; the medians above over {files:,} files):", ""]
+        out.append("| tool | " + " | ".join(title.replace(" (s)", "") for _, title, _ in METRICS) + " |")
+        out.append("|" + "|".join(["---"] + ["---:"] * len(METRICS)) + "|")
+        for tool in tools:
+            m = med[tool]
+            cells = [tool] + [fmt(m[key] * 1e6 / files if m.get(key) else None, 1) for key, _, _ in METRICS]
+            out.append("| " + " | ".join(cells) + " |")
     table = "\n".join(out)
     if args.table_only:
         print(table)
@@ -560,6 +614,12 @@ def main():
     s = sub.add_parser("stats")
     s.add_argument("dir")
     s.set_defaults(func=cmd_stats)
+
+    g = sub.add_parser("gen-tree")
+    g.add_argument("dir")
+    g.add_argument("--files", type=int, required=True)
+    g.add_argument("--seed", type=int, default=1)
+    g.set_defaults(func=cmd_gen_tree)
 
     mu = sub.add_parser("mutate")
     mu.add_argument("dir")

@@ -12,13 +12,15 @@
 # Usage: benches/compare/run.sh [--data DIR] [--runs N] [--tools ferry,kopia,restic]
 #                               [--work DIR] [--timeout SECONDS] [--note TEXT] [--out FILE]
 #                               [--no-verify] [--restore-dir]
-#                               [--remote RTT_MS/RATE_MBIT] [--s3-dir DIR]
+#                               [--remote RTT_MS/RATE_MBIT] [--s3-dir DIR] [--files N]
 # --restore-dir restores into a plain directory of the work area instead of a fresh ext4 file
 # system on a loop device (which needs root, losetup and mkfs.ext4).
 # --remote 20/1000 puts every repository in MinIO, reached over a path of 20 ms round trip and
 # 1000 Mbit/s each way (netpath, a relay on loopback: this kernel has no netem), and counts the
 # HTTP requests and bytes of every step; MinIO keeps its objects in --s3-dir (/dev/shm).
-# Without --data, the Linux 6.1 source tree from Debian's linux-source-6.1 package is used
+# --files 1000000 uses a synthetic tree of that many small files (helper.py gen-tree: about
+# 2.9 KB a file, 1,000 per directory), generated once into the cache, and reports time per file.
+# Without --data or --files, the Linux 6.1 source tree from Debian's linux-source-6.1 package is used
 # (downloaded and extracted once into the cache). See benches/README.md.
 set -euo pipefail
 
@@ -46,6 +48,7 @@ VERIFY=1
 RESTORE_FS=1
 REMOTE=""
 S3_DIR=/dev/shm
+FILES=""
 S3_KEY=ferry-bench
 S3_SECRET=ferry-bench-secret
 
@@ -65,11 +68,14 @@ while [[ $# -gt 0 ]]; do
     --restore-dir) RESTORE_FS=0; shift ;;
     --remote) REMOTE="${2:?--remote needs RTT_MS/RATE_MBIT, for example 20/1000}"; shift 2 ;;
     --s3-dir) S3_DIR="${2:?--s3-dir needs a directory}"; shift 2 ;;
+    --files) FILES="${2:?--files needs a number of files}"; shift 2 ;;
     -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
 [[ "$RUNS" =~ ^[1-9][0-9]?$ ]] || die "--runs must be 1..99"
+[[ -z "$FILES" || "$FILES" =~ ^[1-9][0-9]{0,8}$ ]] || die "--files must be 1..999999999"
+[[ -z "$FILES" || -z "$DATA" ]] || die "--files and --data exclude each other"
 [[ "$TIMEOUT" =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive number of seconds"
 if [[ -n "$REMOTE" ]]; then
   [[ "$REMOTE" =~ ^([1-9][0-9]{0,3})/([1-9][0-9]{0,5})$ ]] ||
@@ -148,6 +154,19 @@ linux_tree() {
   echo "$dest"
 }
 
+# A synthetic tree of $FILES small files, generated once into the cache (deterministic).
+synthetic_tree() {
+  local base="$CACHE/data/synthetic-$FILES-seed$SEED"
+  if [[ -e "$base/.complete" ]]; then echo "$base/tree"; return 0; fi
+  rm -rf "$base"
+  mkdir -p "$base"
+  say "generating a synthetic tree of $FILES files (once; cached in $base)"
+  timeout "$TIMEOUT" python3 "$HELPER" gen-tree "$base/tree" --files "$FILES" --seed "$SEED" >&2 ||
+    { rm -rf "$base"; die "generating the synthetic tree failed"; }
+  touch "$base/.complete"
+  echo "$base/tree"
+}
+
 want() { [[ ",$TOOLS," == *",$1,"* ]]; }
 
 declare -A VERSION
@@ -177,6 +196,9 @@ fi
 
 if [[ -n "$DATA" ]]; then
   DATA_LABEL="$DATA"
+elif [[ -n "$FILES" ]]; then
+  DATA="$(synthetic_tree)"
+  DATA_LABEL="a synthetic tree of $FILES small files (helper.py gen-tree, seed $SEED)"
 else
   LINUX_BASE="$(linux_tree)"
   DATA="$LINUX_BASE/$LINUX_PACKAGE"
@@ -296,12 +318,16 @@ mount_restore() {
   # A plain directory shares the work area's file system: flush the steps before, so the timed
   # restore and its sync write only the restore's own data.
   if [[ $RESTORE_FS -ne 1 ]]; then sync; return 0; fi
-  local image="$WORK/restore.img" bytes
+  local image="$WORK/restore.img" bytes entries
   bytes="$(du -sb "$SRC" | cut -f1)"
+  entries="$(find "$SRC" | wc -l)"
   truncate -s "$(((bytes * 3 >> 20) + 1024))M" "$image"
   # Inode tables and journal written now, so no background initialisation runs during the
-  # restore.
-  quiet mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$image"
+  # restore. Inodes for twice the tree's entries (mkfs's default of one per 16 KiB is too few
+  # for trees of many small files), and at least mkfs's default.
+  local inodes=$(((bytes * 3 + (1 << 30)) >> 14))
+  ((inodes >= entries * 2)) || inodes=$((entries * 2))
+  quiet mkfs.ext4 -q -F -N "$inodes" -E lazy_itable_init=0,lazy_journal_init=0 "$image"
   RESTORE_LOOP="$(losetup --find --show "$image")"
   mkdir -p "$RESTORE"
   mount "$RESTORE_LOOP" "$RESTORE"

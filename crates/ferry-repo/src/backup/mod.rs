@@ -15,7 +15,6 @@ mod meta;
 mod trees;
 mod walk;
 
-use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -30,6 +29,7 @@ use crate::gc::{Lease, LeaseCheck, WRITER_LEASES};
 use crate::place::Place;
 use crate::progress::Counters;
 use crate::progress::ProgressFn;
+use crate::repo::claims::Claims;
 use crate::repo::writer::{LocalPacker, Uploader, upload_cause};
 use crate::repo::{MemIndex, Repository, hostname};
 use files::FileWorker;
@@ -96,7 +96,7 @@ pub struct BackupSummary {
 pub(crate) struct Shared {
     pub(crate) repo: Repository,
     pub(crate) index: Arc<MemIndex>,
-    claimed: Mutex<HashSet<BlobId>>,
+    claims: Claims,
     pub(crate) progress: Counters,
     /// Cancelled by the caller or by the first fatal error.
     pub(crate) stop: CancellationToken,
@@ -117,10 +117,7 @@ const RACY_MARGIN: i64 = 2;
 impl Shared {
     /// Whether this process should store blob `id` (true exactly once per new blob).
     pub(crate) fn claim(&self, id: BlobId) -> bool {
-        if self.index.contains(&id) {
-            return false;
-        }
-        self.claimed.lock().map(|mut c| c.insert(id)).unwrap_or(false)
+        self.claims.claim(id)
     }
 
     fn fail(&self, e: RepoError) {
@@ -212,8 +209,8 @@ async fn backup_leased(
         Uploader::start_leased(repo, Arc::clone(&index), Some(lease.clone()), &stop);
     let shared = Arc::new(Shared {
         repo: repo.clone(),
+        claims: Claims::new(Arc::clone(&index)),
         index,
-        claimed: Mutex::new(HashSet::new()),
         progress: Counters::default(),
         stop: stop.clone(),
         handle: tokio::runtime::Handle::current(),

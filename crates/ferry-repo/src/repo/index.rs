@@ -3,8 +3,8 @@
 //! Loaded entries sit in one vector sorted by blob id, 48 bytes each (32-byte id, pack
 //! number, offset, sealed length, raw length with the blob kind in its top bit), plus one
 //! 40-byte record per pack. A repository of 1 M chunks therefore needs about 48 MB; lookups
-//! are binary searches with no locking. Blobs added by this process sit in a small hash map
-//! until the next reload.
+//! are binary searches with no locking. Blobs added by this process sit in a hash map until
+//! the next reload (48 bytes a blob, plus the map's spare room).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::RwLock;
@@ -37,6 +37,24 @@ struct Slot {
     raw_and_kind: u32,
 }
 
+/// Blobs stored by this process since the index was loaded: the same fields as a [`Slot`],
+/// the pack by number. 48 bytes a blob in the map (a first backup of a million small files
+/// adds a million), not the 80 of a blob id with a whole [`BlobLocation`].
+#[derive(Debug, Default)]
+struct Added {
+    packs: Vec<PackInfo>,
+    numbers: HashMap<PackId, u32>,
+    blobs: HashMap<BlobId, AddedSlot>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct AddedSlot {
+    pack: u32,
+    offset: u32,
+    length: u32,
+    raw_and_kind: u32,
+}
+
 /// What is known about one pack.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PackInfo {
@@ -50,8 +68,7 @@ pub(crate) struct MemIndex {
     packs: Vec<PackInfo>,
     pack_numbers: HashMap<PackId, u32>,
     slots: Vec<Slot>,
-    added: RwLock<HashMap<BlobId, BlobLocation>>,
-    added_packs: RwLock<HashMap<PackId, u64>>,
+    added: RwLock<Added>,
     files: HashSet<IndexId>,
     /// Garbage-collection marks whose condemned packs were left out (see `crate::gc`).
     pub(crate) gc_marks: Vec<String>,
@@ -91,13 +108,12 @@ impl MemIndex {
                     u32::try_from(index.packs.len() - 1).unwrap_or(u32::MAX)
                 });
                 for e in pack.entries {
-                    let tree = if e.kind == ObjectKind::TreeBlob { TREE_BIT } else { 0 };
                     index.slots.push(Slot {
                         id: e.id,
                         pack: number,
                         offset: e.offset,
                         length: e.length,
-                        raw_and_kind: (e.raw_length & !TREE_BIT) | tree,
+                        raw_and_kind: raw_and_kind(e.raw_length, e.kind),
                     });
                 }
             }
@@ -128,18 +144,7 @@ impl MemIndex {
     }
 
     fn location(&self, s: &Slot) -> Option<BlobLocation> {
-        let pack = self.packs.get(s.pack as usize)?;
-        Some(BlobLocation {
-            pack: pack.id,
-            offset: s.offset,
-            length: s.length,
-            raw_length: s.raw_and_kind & !TREE_BIT,
-            kind: if s.raw_and_kind & TREE_BIT != 0 {
-                ObjectKind::TreeBlob
-            } else {
-                ObjectKind::DataBlob
-            },
-        })
+        Some(located(self.packs.get(s.pack as usize)?, s.offset, s.length, s.raw_and_kind))
     }
 
     /// Where `id` is, if anywhere.
@@ -147,7 +152,9 @@ impl MemIndex {
         if let Ok(pos) = self.slots.binary_search_by(|s| s.id.cmp(id)) {
             return self.location(&self.slots[pos]);
         }
-        self.added.read().ok()?.get(id).copied()
+        let added = self.added.read().ok()?;
+        let s = added.blobs.get(id)?;
+        Some(located(added.packs.get(s.pack as usize)?, s.offset, s.length, s.raw_and_kind))
     }
 
     /// Whether `id` is stored.
@@ -157,22 +164,22 @@ impl MemIndex {
 
     /// Records blobs of a pack stored by this process.
     pub(crate) fn add_pack(&self, pack: PackId, size: u64, entries: &[crate::format::PackEntry]) {
-        if let Ok(mut added) = self.added.write() {
-            for e in entries {
-                added.insert(
-                    e.id,
-                    BlobLocation {
-                        pack,
-                        offset: e.offset,
-                        length: e.length,
-                        raw_length: e.raw_length,
-                        kind: e.kind,
-                    },
-                );
-            }
-        }
-        if let Ok(mut packs) = self.added_packs.write() {
-            packs.insert(pack, size);
+        let Ok(mut added) = self.added.write() else { return };
+        let added = &mut *added;
+        let number = *added.numbers.entry(pack).or_insert_with(|| {
+            added.packs.push(PackInfo { id: pack, size });
+            u32::try_from(added.packs.len() - 1).unwrap_or(u32::MAX)
+        });
+        for e in entries {
+            added.blobs.insert(
+                e.id,
+                AddedSlot {
+                    pack: number,
+                    offset: e.offset,
+                    length: e.length,
+                    raw_and_kind: raw_and_kind(e.raw_length, e.kind),
+                },
+            );
         }
     }
 
@@ -181,7 +188,29 @@ impl MemIndex {
         if let Some(n) = self.pack_numbers.get(id) {
             return self.packs.get(*n as usize).map(|p| p.size);
         }
-        self.added_packs.read().ok()?.get(id).copied()
+        let added = self.added.read().ok()?;
+        added.packs.get(*added.numbers.get(id)? as usize).map(|p| p.size)
+    }
+}
+
+/// A blob's raw length with its kind in the top bit.
+fn raw_and_kind(raw_length: u32, kind: ObjectKind) -> u32 {
+    let tree = if kind == ObjectKind::TreeBlob { TREE_BIT } else { 0 };
+    (raw_length & !TREE_BIT) | tree
+}
+
+/// The location of a blob at `offset`/`length` in `pack`, from its packed raw length and kind.
+fn located(pack: &PackInfo, offset: u32, length: u32, raw_and_kind: u32) -> BlobLocation {
+    BlobLocation {
+        pack: pack.id,
+        offset,
+        length,
+        raw_length: raw_and_kind & !TREE_BIT,
+        kind: if raw_and_kind & TREE_BIT != 0 {
+            ObjectKind::TreeBlob
+        } else {
+            ObjectKind::DataBlob
+        },
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod cache;
 pub(crate) mod capped;
+pub(crate) mod claims;
 mod disk_cache;
 pub(crate) mod index;
 mod keys;

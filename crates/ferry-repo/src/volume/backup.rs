@@ -13,7 +13,6 @@
 //! one 33-byte slot per chunk of the device.
 
 use crate::gc::{Lease, LeaseCheck, WRITER_LEASES};
-use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,8 +27,9 @@ use crate::format::{
 };
 use crate::place::Place;
 use crate::progress::{Counters, ProgressFn, Ticker};
+use crate::repo::claims::Claims;
 use crate::repo::writer::{LocalPacker, PackSink, Uploader, WriteStats, upload_cause};
-use crate::repo::{MemIndex, Repository, hostname};
+use crate::repo::{Repository, hostname};
 use crate::volume::device::{Volume, is_zero};
 use crate::volume::{ReadPlan, VolumeBackupOptions, VolumeBackupSummary, VolumeMap};
 
@@ -42,8 +42,7 @@ const READ_AHEAD_BUDGET: u64 = 256 << 20;
 
 struct Shared {
     repo: Repository,
-    index: Arc<MemIndex>,
-    claimed: Mutex<HashSet<BlobId>>,
+    claims: Claims,
     progress: Counters,
     stop: CancellationToken,
     failure: Mutex<Option<RepoError>>,
@@ -68,10 +67,7 @@ struct Shared {
 
 impl Shared {
     fn claim(&self, id: BlobId) -> bool {
-        if self.index.contains(&id) {
-            return false;
-        }
-        self.claimed.lock().map(|mut c| c.insert(id)).unwrap_or(false)
+        self.claims.claim(id)
     }
 
     fn fail(&self, e: RepoError) {
@@ -220,8 +216,7 @@ async fn backup_volume_leased(
     let threads = super::threads(options.threads);
     let shared = Arc::new(Shared {
         repo: repo.clone(),
-        index,
-        claimed: Mutex::new(HashSet::new()),
+        claims: Claims::new(index),
         progress: Counters::default(),
         stop: stop.clone(),
         failure: Mutex::new(None),
