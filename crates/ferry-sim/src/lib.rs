@@ -6,8 +6,10 @@
 //! node, `crates/ferry/tests/nodes/` on three: the object lock across nodes, thirty uploads
 //! spread over them, lost-node takeover). The simulator stays for what real nodes on one
 //! machine cannot show cheaply: node labels and placement rules over many nodes (every real
-//! node here reports the same host), an agent process SIGKILLed and restarted outside a pod,
-//! and the fast variants of the end-to-end scenarios.
+//! node here reports the same host), an agent process SIGKILLed and restarted outside a pod
+//! (`tests/e2e/recovery.rs`, whose second half, a node that never comes back, the real nodes
+//! show too), and the single-node end-to-end scenarios, which run on the real node as well.
+//! The thirty uploads over three nodes run on the real nodes only.
 //!
 //! [`NodeSim::start`] registers simulated [`Node`](k8s_openapi::api::core::v1::Node)s (with the
 //! labels a test adds in [`SimConfig::node_labels`]), a CSI driver with two StorageClasses

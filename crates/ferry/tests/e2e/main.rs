@@ -7,15 +7,12 @@ mod cancel;
 mod deletion;
 mod harness;
 mod long_names;
-mod many_uploads;
 mod placement;
 mod plugin_host;
 mod pvc_cli;
 mod recovery;
 mod restore_targets;
 mod secrets;
-#[path = "../support/spans.rs"]
-mod spans;
 mod upload_edges;
 #[path = "../support/velero_crs.rs"]
 mod velero_crs;
