@@ -13,6 +13,7 @@ mod snapshots;
 mod stats;
 pub(crate) mod writer;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -23,15 +24,15 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
     BlobId, Chunker, ChunkerParams, Config, IndexFile, IndexId, KMS_CONTEXT, KdfParams, KeyFile,
-    KeyId, MasterKey, ObjectKind, PackParams, RepoFormat, RepoKeys, TreePage, content_address,
-    open_blob,
+    KeyId, MasterKey, ObjectKind, PackId, PackParams, RepoFormat, RepoKeys, TreePage,
+    content_address, open_blob,
 };
 use cache::PackCache;
 use capped::Limit;
 pub use disk_cache::CacheOptions;
 use disk_cache::{Cached, DiskCache};
 pub use index::BlobLocation;
-pub(crate) use index::MemIndex;
+pub(crate) use index::{IndexBuilder, MemIndex};
 pub use keys::{KeyDetails, KeyInfo};
 pub use open::OpenOptions;
 pub use password_policy::{MIN_PASSWORD_LEN, VELERO_DEFAULT_PASSWORD, weak_password_reason};
@@ -420,17 +421,35 @@ impl Repository {
     async fn load_index(&self, cancel: &CancellationToken) -> RepoResult<MemIndex> {
         let (marks, excluded) = crate::gc::exclusions(self, cancel).await?;
         let mut attempt = 0;
-        let files = loop {
+        let builder = loop {
             attempt += 1;
-            match self.load_index_files(cancel).await {
+            match self.build_index(excluded.clone(), cancel).await {
                 Err(RepoError::Store { source: StoreError::NotFound { .. }, .. })
                     if attempt < 4 => {}
                 other => break other?,
             }
         };
-        let mut index = blocking(move || MemIndex::build_excluding(files, &excluded)).await?;
+        let mut index = blocking(move || builder.finish()).await?;
         index.gc_marks = marks;
         Ok(index)
+    }
+
+    /// Reads every index file into an [`IndexBuilder`], each file's entries taken in as it
+    /// arrives (the decoded files are not all held at once).
+    async fn build_index(
+        &self,
+        excluded: HashSet<PackId>,
+        cancel: &CancellationToken,
+    ) -> RepoResult<IndexBuilder> {
+        let ids = self.index_ids(cancel).await?;
+        futures::stream::iter(ids)
+            .map(|id| async move { self.read_index_file(id, cancel).await.map(|f| (id, f)) })
+            .buffer_unordered(LOAD_CONCURRENCY)
+            .try_fold(IndexBuilder::new(excluded), |mut builder, (id, file)| async move {
+                builder.add(id, file);
+                Ok(builder)
+            })
+            .await
     }
 
     /// Reads and authenticates every index file.

@@ -83,7 +83,8 @@ pub async fn thirty_uploads_each_move_once_where_their_data_is(setup: &node::Nod
         // Moved where the volume (and so its snapshot) lives, whoever took it.
         assert_eq!(&status.node, on, "{name} moved on another node than its data's: {status:#?}");
         *accepted_by.entry(status.accepted_by_node.clone()).or_default() += 1;
-        let events = node::agent_events(&client, &name).await?;
+        // The Completed Event follows the CR written Completed.
+        let events = node::agent_events_after(&client, &name, "Completed").await?;
         for reason in ["Accepted", "Prepared", "InProgress", "Completed"] {
             assert_eq!(events.get(reason), Some(&1), "{name}: {reason} events: {events:?}");
         }

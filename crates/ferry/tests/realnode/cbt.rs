@@ -156,7 +156,7 @@ md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log",
         "read {read} bytes for {allocated} allocated: {message}"
     );
     assert_eq!(status.progress.total_bytes, i64::try_from(256 * MIB)?, "{status:?}");
-    let events = node::agent_events(&client, &node::name_of(&du)).await?;
+    let events = node::agent_events_after(&client, &node::name_of(&du), "Completed").await?;
     assert_eq!(events.get("Completed"), Some(&1), "{events:?}");
 
     // The snapshot records the CSI snapshot it was read from (the base of a later delta).
