@@ -3,9 +3,9 @@
 //! Loaded entries sit in one vector sorted by blob id, 48 bytes each (32-byte id, pack
 //! number, offset, sealed length, raw length with the blob kind in its top bit), plus one
 //! 40-byte record per pack. A repository of 1 M chunks therefore needs about 48 MB; lookups
-//! are binary searches with no locking. Blobs added by this process sit in hash maps until
-//! the next reload (48 bytes a blob, plus the maps' spare room), 256 of them by the id's first
-//! byte, so growing one copies a 256th of the blobs, not all of them at once.
+//! are binary searches with no locking. Blobs added by this process sit in 256 shards by the
+//! id's first byte until the next reload, each a sorted vector (48 bytes a blob) and a small
+//! map of the latest (see [`Added`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::RwLock;
@@ -39,19 +39,18 @@ struct Slot {
 }
 
 /// Blobs stored by this process since the index was loaded: the same fields as a [`Slot`],
-/// the pack by number. 48 bytes a blob in the map (a first backup of a million small files
-/// adds a million), not the 80 of a blob id with a whole [`BlobLocation`].
+/// the pack by number (a first backup of a million small files adds a million blobs).
 ///
-/// The blobs are in [`ADDED_SHARDS`] maps by their id's first byte (ids are keyed hashes, so
-/// evenly spread). One map of a million blobs grew by doubling: 50 MB copied into a new
-/// 100 MB table, 150 MB at once, and the tables it left behind stayed in the allocator's
-/// per-thread arenas (a 1 M-file backup's peak resident memory was 395 MiB for 248 MiB in
-/// use). A shard grows by a 256th of that, into room other shards just freed.
+/// The blobs are in [`ADDED_SHARDS`] shards by their id's first byte (ids are keyed hashes, so
+/// evenly spread). One hash map of a million blobs grew by doubling: 50 MB copied into a new
+/// 100 MB table, 150 MB at once; 256 maps grew in step and took 103 MB. So each shard keeps
+/// its blobs in a vector sorted by id (48 bytes a blob), and only the latest in a small map,
+/// merged into the vector once it holds an eighth as many.
 #[derive(Debug)]
 struct Added {
     packs: Vec<PackInfo>,
     numbers: HashMap<PackId, u32>,
-    blobs: Vec<HashMap<BlobId, AddedSlot>>,
+    shards: Vec<AddedShard>,
 }
 
 const ADDED_SHARDS: usize = 256;
@@ -61,14 +60,72 @@ impl Default for Added {
         Self {
             packs: Vec::new(),
             numbers: HashMap::new(),
-            blobs: (0..ADDED_SHARDS).map(|_| HashMap::new()).collect(),
+            shards: (0..ADDED_SHARDS).map(|_| AddedShard::default()).collect(),
         }
     }
 }
 
 impl Added {
-    fn shard(&self, id: &BlobId) -> Option<&HashMap<BlobId, AddedSlot>> {
-        self.blobs.get(usize::from(id.0[0]))
+    fn get(&self, id: &BlobId) -> Option<BlobLocation> {
+        let s = self.shards.get(usize::from(id.0[0]))?.get(id)?;
+        Some(located(self.packs.get(s.pack as usize)?, s.offset, s.length, s.raw_and_kind))
+    }
+}
+
+/// The added blobs whose id starts with one byte.
+#[derive(Debug, Default)]
+struct AddedShard {
+    /// Sorted by id, one slot per id.
+    sorted: Vec<Slot>,
+    recent: HashMap<BlobId, AddedSlot>,
+}
+
+impl AddedShard {
+    /// The latest in `recent` merge into `sorted` once they are this many: each slot is copied
+    /// about eight times in all, and the map stays an eighth of the shard.
+    fn merge_at(&self) -> usize {
+        (self.sorted.len() / 8).max(64)
+    }
+
+    fn get(&self, id: &BlobId) -> Option<AddedSlot> {
+        if let Some(s) = self.recent.get(id) {
+            return Some(*s);
+        }
+        let s = self.sorted.get(self.sorted.binary_search_by(|s| s.id.cmp(id)).ok()?)?;
+        Some(AddedSlot {
+            pack: s.pack,
+            offset: s.offset,
+            length: s.length,
+            raw_and_kind: s.raw_and_kind,
+        })
+    }
+
+    /// Adds a blob; one already here keeps its first location (both are stored and indexed).
+    fn insert(&mut self, id: BlobId, slot: AddedSlot) {
+        if self.sorted.binary_search_by(|s| s.id.cmp(&id)).is_ok() {
+            return;
+        }
+        self.recent.entry(id).or_insert(slot);
+        if self.recent.len() >= self.merge_at() {
+            self.merge();
+        }
+    }
+
+    /// Moves `recent` into `sorted`.
+    fn merge(&mut self) {
+        let mut merged = Vec::with_capacity(self.sorted.len() + self.recent.len());
+        merged.append(&mut self.sorted);
+        merged.extend(self.recent.drain().map(|(id, s)| Slot {
+            id,
+            pack: s.pack,
+            offset: s.offset,
+            length: s.length,
+            raw_and_kind: s.raw_and_kind,
+        }));
+        // The old vector is one sorted run: a stable sort sorts the new slots and merges the
+        // two in one pass (no id is in both: `insert` keeps out what `sorted` holds).
+        merged.sort_by_key(|s| s.id);
+        self.sorted = merged;
     }
 }
 
@@ -146,9 +203,7 @@ impl MemIndex {
         if let Ok(pos) = self.slots.binary_search_by(|s| s.id.cmp(id)) {
             return self.location(&self.slots[pos]);
         }
-        let added = self.added.read().ok()?;
-        let s = added.shard(id)?.get(id)?;
-        Some(located(added.packs.get(s.pack as usize)?, s.offset, s.length, s.raw_and_kind))
+        self.added.read().ok()?.get(id)
     }
 
     /// Whether `id` is stored.
@@ -165,7 +220,7 @@ impl MemIndex {
             u32::try_from(added.packs.len() - 1).unwrap_or(u32::MAX)
         });
         for e in entries {
-            let Some(shard) = added.blobs.get_mut(usize::from(e.id.0[0])) else { continue };
+            let Some(shard) = added.shards.get_mut(usize::from(e.id.0[0])) else { continue };
             shard.insert(
                 e.id,
                 AddedSlot {
@@ -389,6 +444,52 @@ mod tests {
         let mut other = [0u8; 32];
         other[0] = 9;
         assert!(!idx.contains(&BlobId(other)));
+    }
+
+    #[test]
+    fn added_blobs_are_found_across_merges_and_keep_their_first_location() {
+        let idx = MemIndex::default();
+        let id = |n: u32| {
+            let mut b = [0u8; 32];
+            b[0] = (n % 3) as u8; // three shards, thousands of blobs each: many merges
+            b[1..5].copy_from_slice(&n.to_be_bytes());
+            BlobId(b)
+        };
+        let pack_of = |p: u32| PackId([u8::try_from(p % 200).unwrap_or(0) + 1; 32]);
+        for p in 0..100u32 {
+            let entries: Vec<PackEntry> = (p * 100..p * 100 + 100)
+                .map(|n| PackEntry {
+                    id: id(n),
+                    kind: ObjectKind::DataBlob,
+                    offset: n,
+                    length: 40,
+                    raw_length: 1,
+                })
+                .collect();
+            idx.add_pack(pack_of(p), 7, &entries);
+        }
+        // The first 100 blobs stored again, in another pack: the first location stays.
+        let again: Vec<PackEntry> = (0..100)
+            .map(|n| PackEntry {
+                id: id(n),
+                kind: ObjectKind::DataBlob,
+                offset: 0,
+                length: 40,
+                raw_length: 1,
+            })
+            .collect();
+        idx.add_pack(PackId([250; 32]), 7, &again);
+        for n in 0..10_000u32 {
+            let loc = idx.lookup(&id(n)).map(|l| (l.pack, l.offset));
+            assert_eq!(loc, Some((pack_of(n / 100), n)), "blob {n}");
+        }
+        assert!(!idx.contains(&id(10_000)));
+        let added = idx.added.read().map_err(|_| "poisoned").unwrap_or_else(|e| panic!("{e}"));
+        for shard in &added.shards[..3] {
+            assert!(shard.sorted.windows(2).all(|w| w[0].id < w[1].id), "not sorted or not unique");
+            assert!(shard.recent.len() < shard.merge_at(), "the map was not merged");
+            assert!(shard.sorted.len() > 2000, "{} sorted", shard.sorted.len());
+        }
     }
 
     #[test]
