@@ -81,8 +81,9 @@ struct AddedShard {
 }
 
 impl AddedShard {
-    /// The latest in `recent` merge into `sorted` once they are this many: each slot is copied
-    /// about eight times in all, and the map stays an eighth of the shard.
+    /// The latest in `recent` merge into `sorted` once they are this many: a shard grows by
+    /// an eighth at each merge, so a slot goes through about nine merges (two copies each),
+    /// and the map holds at most an eighth of the shard's blobs.
     fn merge_at(&self) -> usize {
         (self.sorted.len() / 8).max(64)
     }
@@ -246,7 +247,8 @@ impl MemIndex {
 /// Builds a [`MemIndex`] from index files one at a time, as they are read: each file's
 /// entries become slots (48 bytes a blob) and the decoded file is dropped, so loading holds
 /// the slots and the files in flight, not every decoded file beside the slots (about twice
-/// the memory). A file superseded by one read later is taken out at [`IndexBuilder::finish`].
+/// the memory). A file known to be superseded when it arrives adds nothing; one superseded by
+/// a file read later is taken out at [`IndexBuilder::finish`] (until then both are held).
 #[derive(Debug)]
 pub(crate) struct IndexBuilder {
     index: MemIndex,
@@ -277,7 +279,9 @@ impl IndexBuilder {
         index.files.insert(id);
         self.superseded.extend(file.supersedes.iter().copied());
         let file_number = u32::try_from(self.spans.len()).unwrap_or(u32::MAX);
-        for pack in file.packs {
+        // A file already known superseded adds nothing (its span stays empty).
+        let packs = if self.superseded.contains(&id) { Vec::new() } else { file.packs };
+        for pack in packs {
             if self.excluded.contains(&pack.id) {
                 continue;
             }
@@ -388,108 +392,132 @@ mod tests {
     }
 
     #[test]
-    fn a_file_read_before_the_one_superseding_it_leaves_its_blobs_and_packs_out() {
-        // Files arrive in any order: the superseded one first, the compacted one after it.
-        let old = IndexFile {
+    fn a_superseded_file_leaves_its_blobs_and_packs_out_whichever_is_read_first() {
+        let old = || IndexFile {
             packs: vec![
                 pack(1, vec![entry(1, ObjectKind::DataBlob)]),
                 pack(2, vec![entry(2, ObjectKind::DataBlob), entry(3, ObjectKind::TreeBlob)]),
             ],
             supersedes: vec![],
         };
-        let unrelated = IndexFile {
+        let unrelated = || IndexFile {
             packs: vec![pack(4, vec![entry(4, ObjectKind::DataBlob)])],
             supersedes: vec![],
         };
-        let compacted = IndexFile {
+        let compacted = || IndexFile {
             packs: vec![pack(2, vec![entry(2, ObjectKind::DataBlob)]), pack(3, vec![])],
             supersedes: vec![IndexId([10; 32])],
         };
-        let mut builder = IndexBuilder::new(HashSet::from([PackId([4; 32])]));
-        builder.add(IndexId([10; 32]), old);
-        builder.add(IndexId([11; 32]), unrelated);
-        builder.add(IndexId([12; 32]), compacted);
-        let idx = builder.finish();
-        assert!(!idx.contains(&BlobId([1; 32])), "a superseded file's blob is used");
-        assert!(
-            !idx.contains(&BlobId([3; 32])),
-            "a superseded file's listing of a kept pack is used"
-        );
-        assert!(!idx.contains(&BlobId([4; 32])), "an excluded pack's blob is used");
-        assert_eq!(idx.lookup(&BlobId([2; 32])).map(|l| l.pack), Some(PackId([2; 32])));
-        assert_eq!(idx.pack_size(&PackId([1; 32])), None, "a pack only a superseded file lists");
-        assert_eq!(idx.pack_size(&PackId([2; 32])), Some(1002));
-        assert_eq!(idx.pack_size(&PackId([3; 32])), Some(1003), "an empty pack of a live file");
-        assert_eq!(idx.pack_size(&PackId([4; 32])), None);
-        let mut seen = Vec::new();
-        idx.for_each(|id, number, loc| {
-            assert_eq!(idx.packs()[number].id, loc.pack);
-            seen.push(id.0[0]);
-        });
-        assert_eq!(seen, vec![2]);
-        assert_eq!(idx.files().len(), 3);
+        for superseded_first in [true, false] {
+            let mut builder = IndexBuilder::new(HashSet::from([PackId([4; 32])]));
+            if superseded_first {
+                builder.add(IndexId([10; 32]), old());
+                builder.add(IndexId([11; 32]), unrelated());
+                builder.add(IndexId([12; 32]), compacted());
+            } else {
+                builder.add(IndexId([12; 32]), compacted());
+                builder.add(IndexId([11; 32]), unrelated());
+                builder.add(IndexId([10; 32]), old());
+            }
+            let idx = builder.finish();
+            let order = if superseded_first { "superseded first" } else { "superseding first" };
+            assert!(!idx.contains(&BlobId([1; 32])), "{order}: a superseded file's blob is used");
+            assert!(
+                !idx.contains(&BlobId([3; 32])),
+                "{order}: a superseded file's listing of a kept pack is used"
+            );
+            assert!(!idx.contains(&BlobId([4; 32])), "{order}: an excluded pack's blob is used");
+            assert_eq!(idx.lookup(&BlobId([2; 32])).map(|l| l.pack), Some(PackId([2; 32])));
+            assert_eq!(idx.pack_size(&PackId([1; 32])), None, "{order}: a superseded file's pack");
+            assert_eq!(idx.pack_size(&PackId([2; 32])), Some(1002), "{order}");
+            assert_eq!(idx.pack_size(&PackId([3; 32])), Some(1003), "{order}: an empty live pack");
+            assert_eq!(idx.pack_size(&PackId([4; 32])), None, "{order}");
+            let mut seen = Vec::new();
+            idx.for_each(|id, number, loc| {
+                assert_eq!(idx.packs()[number].id, loc.pack);
+                seen.push(id.0[0]);
+            });
+            assert_eq!(seen, vec![2], "{order}");
+            assert_eq!(idx.packs().len(), 2, "{order}: packs 2 and 3 only");
+            assert_eq!(idx.files().len(), 3, "{order}");
+        }
     }
 
     #[test]
     fn added_blobs_are_found_in_every_shard() {
         let idx = MemIndex::default();
+        // Ids whose first byte differs from the rest: only the first byte picks the shard.
+        let id = |b: u8| {
+            let mut bytes = [255 - b; 32];
+            bytes[0] = b;
+            BlobId(bytes)
+        };
         let entries: Vec<PackEntry> = (0..=255u8)
-            .map(|b| PackEntry { id: BlobId([b; 32]), ..entry(b, ObjectKind::DataBlob) })
+            .map(|b| PackEntry { id: id(b), ..entry(b, ObjectKind::DataBlob) })
             .collect();
         idx.add_pack(PackId([7; 32]), 5, &entries);
         for b in 0..=255u8 {
-            let loc = idx.lookup(&BlobId([b; 32])).map(|l| (l.pack, l.offset));
+            let loc = idx.lookup(&id(b)).map(|l| (l.pack, l.offset));
             assert_eq!(loc, Some((PackId([7; 32]), 2 + u32::from(b))));
         }
-        let mut other = [0u8; 32];
-        other[0] = 9;
+        let mut other = id(9).0;
+        other[31] = 0;
         assert!(!idx.contains(&BlobId(other)));
     }
 
     #[test]
     fn added_blobs_are_found_across_merges_and_keep_their_first_location() {
         let idx = MemIndex::default();
+        // Three shards, thousands of blobs each (many merges); the ids' order within a shard
+        // is not the order they are added in, so each merge interleaves.
         let id = |n: u32| {
             let mut b = [0u8; 32];
-            b[0] = (n % 3) as u8; // three shards, thousands of blobs each: many merges
-            b[1..5].copy_from_slice(&n.to_be_bytes());
+            b[0] = u8::try_from(n % 3).unwrap_or(0);
+            b[1..5].copy_from_slice(&(n.wrapping_mul(2_654_435_761)).to_be_bytes());
+            b[5..9].copy_from_slice(&n.to_be_bytes());
             BlobId(b)
         };
         let pack_of = |p: u32| PackId([u8::try_from(p % 200).unwrap_or(0) + 1; 32]);
+        let entries =
+            |range: std::ops::Range<u32>, offset: &dyn Fn(u32) -> u32| -> Vec<PackEntry> {
+                range
+                    .map(|n| PackEntry {
+                        id: id(n),
+                        kind: ObjectKind::DataBlob,
+                        offset: offset(n),
+                        length: 40,
+                        raw_length: 1,
+                    })
+                    .collect()
+            };
         for p in 0..100u32 {
-            let entries: Vec<PackEntry> = (p * 100..p * 100 + 100)
-                .map(|n| PackEntry {
-                    id: id(n),
-                    kind: ObjectKind::DataBlob,
-                    offset: n,
-                    length: 40,
-                    raw_length: 1,
-                })
-                .collect();
-            idx.add_pack(pack_of(p), 7, &entries);
+            idx.add_pack(pack_of(p), 7, &entries(p * 100..p * 100 + 100, &|n| n));
         }
-        // The first 100 blobs stored again, in another pack: the first location stays.
-        let again: Vec<PackEntry> = (0..100)
-            .map(|n| PackEntry {
-                id: id(n),
-                kind: ObjectKind::DataBlob,
-                offset: 0,
-                length: 40,
-                raw_length: 1,
-            })
-            .collect();
-        idx.add_pack(PackId([250; 32]), 7, &again);
+        let in_maps = |range: std::ops::Range<u32>| {
+            let added = idx.added.read().map_err(|_| "poisoned").unwrap_or_else(|e| panic!("{e}"));
+            range
+                .filter(|n| added.shards[usize::from(id(*n).0[0])].recent.contains_key(&id(*n)))
+                .count()
+        };
+        assert!(in_maps(9_900..10_000) > 0, "the test misses the maps of the latest");
+        assert_eq!(in_maps(0..100), 0, "the test misses the sorted vectors");
+        // Stored again: the latest (some still in the maps) and the oldest (merged into the
+        // sorted vectors long ago). The first location stays.
+        idx.add_pack(PackId([250; 32]), 7, &entries(9_900..10_000, &|_| 0));
+        idx.add_pack(PackId([251; 32]), 7, &entries(0..100, &|_| 0));
         for n in 0..10_000u32 {
             let loc = idx.lookup(&id(n)).map(|l| (l.pack, l.offset));
             assert_eq!(loc, Some((pack_of(n / 100), n)), "blob {n}");
         }
         assert!(!idx.contains(&id(10_000)));
         let added = idx.added.read().map_err(|_| "poisoned").unwrap_or_else(|e| panic!("{e}"));
+        let mut held = 0;
         for shard in &added.shards[..3] {
             assert!(shard.sorted.windows(2).all(|w| w[0].id < w[1].id), "not sorted or not unique");
-            assert!(shard.recent.len() < shard.merge_at(), "the map was not merged");
             assert!(shard.sorted.len() > 2000, "{} sorted", shard.sorted.len());
+            held += shard.sorted.len() + shard.recent.len();
         }
+        assert_eq!(held, 10_000, "a blob held twice or lost");
     }
 
     #[test]
