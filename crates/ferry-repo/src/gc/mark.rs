@@ -9,7 +9,7 @@ use crate::format::{HEADER_PADDING, ObjectKind, PackEntry, PackId, RepoFormat};
 use crate::gc::lease::{self, LeaseCheck};
 use crate::gc::state::{self, GcDir, GcMark, GcObject, GcWriters};
 use crate::gc::{GcOptions, MarkReport, refs, repack};
-use crate::repo::{MemIndex, Repository, blocking, layout, unix_now};
+use crate::repo::{Repository, blocking, layout, unix_now};
 
 /// What every pack holds besides its blobs and their entries: the two-byte prefix, the
 /// sealed header's envelope (47 bytes) and the four-byte trailer.
@@ -35,8 +35,8 @@ pub(crate) async fn run(
         repo.store().delete(&key, cancel).await.map_err(|e| RepoError::store("delete", &key, e))?;
     }
     let mut report = MarkReport::default();
-    let files = repo.load_index_files(cancel).await?;
-    let index = blocking(move || MemIndex::build(files)).await?;
+    let builder = repo.build_index(HashSet::new(), cancel).await?;
+    let index = blocking(move || builder.finish()).await?;
     let snapshots = repo.snapshot_ids(cancel).await?;
     report.snapshots = snapshots.len() as u64;
     let refs = refs::collect(repo, &snapshots, &|id| index.lookup(id), cancel).await?;

@@ -436,7 +436,7 @@ impl Repository {
 
     /// Reads every index file into an [`IndexBuilder`], each file's entries taken in as it
     /// arrives (the decoded files are not all held at once).
-    async fn build_index(
+    pub(crate) async fn build_index(
         &self,
         excluded: HashSet<PackId>,
         cancel: &CancellationToken,
@@ -449,19 +449,6 @@ impl Repository {
                 builder.add(id, file);
                 Ok(builder)
             })
-            .await
-    }
-
-    /// Reads and authenticates every index file.
-    pub(crate) async fn load_index_files(
-        &self,
-        cancel: &CancellationToken,
-    ) -> RepoResult<Vec<(IndexId, IndexFile)>> {
-        let ids = self.index_ids(cancel).await?;
-        futures::stream::iter(ids)
-            .map(|id| async move { self.read_index_file(id, cancel).await.map(|f| (id, f)) })
-            .buffer_unordered(LOAD_CONCURRENCY)
-            .try_collect()
             .await
     }
 
