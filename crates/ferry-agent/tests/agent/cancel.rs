@@ -65,7 +65,7 @@ async fn cancel_in_accepted_stops_the_exposer() {
     request_cancel(&cluster.uploads, &name).await;
     wait_canceled(&cluster, &name).await;
     assert_eq!(sim.count(|c| matches!(c, Call::ExposeCanceled { cr } if *cr == name)), 1);
-    let reasons = cluster.event_reasons(&name).await;
+    let reasons = cluster.event_reasons_after(&name, "Canceled").await;
     for reason in ["Accepted", "Canceling", "Canceled"] {
         assert!(reasons.iter().any(|r| r == reason), "no {reason} event in {reasons:?}");
     }

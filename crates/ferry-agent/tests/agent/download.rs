@@ -37,7 +37,7 @@ async fn downloads_complete_with_progress_on_the_volumes_node() {
         // The restore side's finishing step (the rebind) ran before Completed.
         assert_eq!(sim.count(|c| matches!(c, Call::Finish { cr } if cr == name)), 1);
         assert!(sim.count(|c| matches!(c, Call::Cleanup { cr } if cr == name)) >= 1);
-        let reasons = cluster.event_reasons(name).await;
+        let reasons = cluster.event_reasons_after(name, "Completed").await;
         for reason in ["Accepted", "Prepared", "InProgress", "Completed"] {
             assert!(reasons.iter().any(|r| r == reason), "no {reason} event in {reasons:?}");
         }

@@ -49,7 +49,7 @@ async fn an_agent_restarted_mid_upload_resumes_and_completes() {
     assert_eq!(moves, 2, "{:?}", sim.calls());
     // The volume was still there: resumed without exposing again.
     assert_eq!(sim.count(|c| matches!(c, Call::Expose { cr, .. } if *cr == name)), 1);
-    assert!(cluster.event_reasons(&name).await.iter().any(|r| r == "Resumed"));
+    assert!(cluster.event_reasons_after(&name, "Resumed").await.iter().any(|r| r == "Resumed"));
     history.assert_monotonic();
     cluster.shutdown().await;
 }
@@ -88,7 +88,7 @@ async fn an_upload_of_a_dead_agent_is_taken_over_and_completes() {
         })
         .collect();
     assert_eq!(moves, ["node-a", "node-b"]);
-    assert!(cluster.event_reasons(&name).await.iter().any(|r| r == "TakenOver"));
+    assert!(cluster.event_reasons_after(&name, "TakenOver").await.iter().any(|r| r == "TakenOver"));
     history.assert_monotonic();
     cluster.shutdown().await;
 }

@@ -208,9 +208,25 @@ impl TestCluster {
         names
     }
 
-    /// Events the agents published on the CR named `name`, as reasons.
-    pub async fn event_reasons(&self, name: &str) -> Vec<String> {
-        self.events(name).await.into_iter().map(|(reason, _)| reason).collect()
+    /// Events the agents published on the CR named `name`, as reasons, once the `last` one is
+    /// among them (see [`Self::events_after`]).
+    pub async fn event_reasons_after(&self, name: &str, last: &str) -> Vec<String> {
+        self.events_after(name, last).await.into_iter().map(|(reason, _)| reason).collect()
+    }
+
+    /// [`Self::events`] once an Event with reason `last` is among them, waiting up to [`WAIT`]:
+    /// the agent publishes each Event right after the status write it tells of, so a test that
+    /// saw the phase must still wait for its Event. Returns what there is after the wait, for
+    /// the caller's assertion to show.
+    pub async fn events_after(&self, name: &str, last: &str) -> Vec<(String, String)> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let events = self.events(name).await;
+            if events.iter().any(|(reason, _)| reason == last) || Instant::now() > deadline {
+                return events;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Events the agents published on the CR named `name`, as `(reason, note)` in time order.

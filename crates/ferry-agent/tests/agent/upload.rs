@@ -75,7 +75,7 @@ async fn three_agents_process_each_of_24_uploads_exactly_once() {
         }
     }
     assert!(handed_over > 0, "every volume landed on its accepting node");
-    let reasons = cluster.event_reasons(&names[0]).await;
+    let reasons = cluster.event_reasons_after(&names[0], "Completed").await;
     for reason in ["Accepted", "Prepared", "InProgress", "Completed"] {
         assert!(reasons.iter().any(|r| r == reason), "no {reason} event in {reasons:?}");
     }
@@ -115,8 +115,8 @@ async fn uploads_for_other_data_movers_are_left_untouched() {
         );
         assert_eq!(now.status, created.status);
         assert!(now.finalizers().is_empty());
-        let reasons = cluster.event_reasons(&now.name_any()).await;
-        assert!(reasons.is_empty(), "events on a foreign CR: {reasons:?}");
+        let events = cluster.events(&now.name_any()).await;
+        assert!(events.is_empty(), "events on a foreign CR: {events:?}");
     }
     for (name, _) in &foreign {
         assert_eq!(
@@ -156,7 +156,7 @@ async fn progress_is_written_while_moving_and_never_goes_backwards() {
         "fewer than two partial progress writes while moving for 3 s: {values:?}"
     );
     // Progress events tell rate, time left and what became of the bytes; Completed sums up.
-    let events = cluster.events(&name).await;
+    let events = cluster.events_after(&name, "Completed").await;
     let progress: Vec<&String> =
         events.iter().filter(|(reason, _)| reason == "Progress").map(|(_, note)| note).collect();
     assert!(!progress.is_empty(), "no Progress event while moving for 3 s: {events:?}");
@@ -200,7 +200,7 @@ async fn a_data_path_error_fails_the_upload_with_its_message() {
     );
     assert!(status.completion_timestamp.is_some());
     assert!(sim.count(|c| matches!(c, Call::Cleanup { cr } if *cr == name)) >= 1);
-    assert!(cluster.event_reasons(&name).await.iter().any(|r| r == "Failed"));
+    assert!(cluster.event_reasons_after(&name, "Failed").await.iter().any(|r| r == "Failed"));
     cluster.shutdown().await;
 }
 

@@ -125,14 +125,8 @@ async fn a_missing_source_snapshot_fails_the_upload_naming_it_and_leaves_nothing
     assert!(status.message.contains(&wanted), "{}", status.message);
     assert!(!status.message.contains("timed out"), "{}", status.message);
     // A warning Event says the same.
-    let failed: Vec<String> = world
-        .ferry_events(&name)
-        .await?
-        .into_iter()
-        .filter(|(reason, _, _)| reason == "Failed")
-        .map(|(_, note, _)| note)
-        .collect();
-    assert!(failed.iter().any(|n| n.contains(&wanted)), "Failed events: {failed:?}");
+    let failed = world.event_note(&name, "Failed").await?;
+    assert!(failed.contains(&wanted), "Failed event: {failed}");
     // Nothing of Ferry's: no pod, PVC, snapshot or content, no finalizer, no expose label.
     let left = world.leftovers_of(&name).await?;
     assert!(left.is_empty(), "left behind: {left:?}");

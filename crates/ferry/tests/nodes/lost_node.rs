@@ -181,7 +181,7 @@ pub async fn a_lost_node_s_upload_is_taken_over(setup: &node::Node) -> TestResul
         "the lost node recorded: {:?}",
         du.annotations()
     );
-    let events = node::agent_events(&client, &name).await?;
+    let events = node::agent_events_after(&client, &name, "TakenOver").await?;
     assert!(events.contains_key("TakenOver"), "a TakenOver event: {events:?}");
 
     // The data restores identical (into a volume on a live node).

@@ -625,17 +625,47 @@ pub async fn agent_events(
     client: &Client,
     name: &str,
 ) -> Result<std::collections::BTreeMap<String, i32>, Box<dyn std::error::Error>> {
-    use ferry_api::k8s_openapi::api::events::v1::Event;
-    let events: Api<Event> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let mut by_reason = std::collections::BTreeMap::new();
-    for e in events.list(&Default::default()).await?.items {
-        if e.regarding.as_ref().and_then(|r| r.name.as_deref()) != Some(name)
-            || e.reporting_controller.as_deref() != Some("ferry-agent")
-        {
-            continue;
-        }
+    for e in agent_event_list(client, name).await? {
         let count = e.series.as_ref().map_or(1, |s| s.count);
         *by_reason.entry(e.reason.unwrap_or_default()).or_insert(0) += count;
     }
     Ok(by_reason)
+}
+
+/// The note of the agents' `reason` Event on the CR `name`, waiting up to a minute for it.
+pub async fn agent_event_note(
+    client: &Client,
+    name: &str,
+    reason: &str,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let events = agent_event_list(client, name).await?;
+        if let Some(e) = events.iter().find(|e| e.reason.as_deref() == Some(reason)) {
+            return Ok(e.note.clone().unwrap_or_default());
+        }
+        if Instant::now() > deadline {
+            let reasons: Vec<_> = events.iter().filter_map(|e| e.reason.as_deref()).collect();
+            return Err(format!("no {reason} Event on {name} within 60 s: {reasons:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The Events the agents published on the CR `name` in Velero's namespace.
+async fn agent_event_list(
+    client: &Client,
+    name: &str,
+) -> Result<Vec<ferry_api::k8s_openapi::api::events::v1::Event>, Box<dyn std::error::Error>> {
+    use ferry_api::k8s_openapi::api::events::v1::Event;
+    let events: Api<Event> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
+    Ok(events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter(|e| e.reporting_controller.as_deref() == Some("ferry-agent"))
+        .collect())
 }

@@ -1,8 +1,6 @@
 //! DataUpload -> DataDownload round trips on the real node, for a file-system PVC and a block
 //! PVC: the data written by one pod is restored into a new PVC and compared by another.
 
-use ferry_testbed::VELERO_NAMESPACE;
-
 use crate::node::{self, TestResult, name_of};
 
 /// Lists every entry under /data (lost+found aside) with its kind, mode and, for files, the
@@ -211,9 +209,7 @@ async fn crs_with_the_longest_names_round_trip() -> TestResult {
 /// Event; a DataDownload whose `dataMoverConfig` asks gets them back.
 #[tokio::test]
 async fn a_restore_withholds_privileges_unless_the_download_asks() -> TestResult {
-    use ferry_api::k8s_openapi::api::events::v1::Event;
     use ferry_api::keys::{RESTORE_DEVICE_NODES, RESTORE_ROOT_SETID_BITS};
-    use kube::api::{Api, ListParams};
 
     let node = node::node();
     let _agent = node::AGENT.read().await;
@@ -234,17 +230,7 @@ async fn a_restore_withholds_privileges_unless_the_download_asks() -> TestResult
     node::wait_download(&client, &name_of(&dd)).await?;
     let seen = node::run_pod(&client, &confined, "data", false, look).await?;
     assert_eq!(seen.split_whitespace().collect::<Vec<_>>(), ["755", "none", "y"], "{seen}");
-    let events: Api<Event> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
-    let listed = events.list(&ListParams::default()).await?;
-    let withheld = listed
-        .items
-        .iter()
-        .find(|e| {
-            e.reason.as_deref() == Some("RestoreWithheld")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&name_of(&dd))
-        })
-        .and_then(|e| e.note.clone())
-        .ok_or("no RestoreWithheld event on the DataDownload")?;
+    let withheld = node::agent_event_note(&client, &name_of(&dd), "RestoreWithheld").await?;
     assert!(
         withheld.contains("1 device nodes") && withheld.contains("1 files of root"),
         "{withheld}"
