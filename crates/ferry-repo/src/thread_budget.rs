@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 /// Memory one data-path worker thread may hold at once. Measured (slope of peak RSS over 1–8
 /// threads): up to 22.7 MiB a thread, for a file-tree backup of 16–32 MiB files into a store
 /// slower than the workers; rounded up to cover what a backup worker can hold together: an
-/// 8 MiB read buffer, a sealed chunk of up to 4 MiB, zstd's context and a full 16 MiB pack it
-/// waits to hand to the uploader.
+/// 8 MiB read buffer, a chunk of up to 4 MiB compressed and sealed in its two kept buffers,
+/// zstd's context and a full 16 MiB pack it waits to hand to the uploader.
 pub const MEMORY_PER_THREAD: u64 = 32 << 20;
 
 /// Memory of a data path that does not grow with its threads (runtime, index, packs being

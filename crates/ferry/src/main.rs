@@ -3,6 +3,7 @@
 //! Exit status 0 on success; on failure a one-line cause on stderr and a non-zero status.
 
 mod agent_cmd;
+mod allocator;
 mod cbt_cmd;
 mod cli;
 mod forget_policy;
@@ -29,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{Cli, Command, KeyCommand, RepoCommand};
 
 fn main() -> ExitCode {
+    allocator::tune();
     let cli = if plugin_cmd::started_as_plugin() {
         Cli { verbose: 1, command: Command::Plugin { args: std::env::args_os().skip(1).collect() } }
     } else {

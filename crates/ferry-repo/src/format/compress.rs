@@ -30,7 +30,7 @@ pub enum Compression {
 
 /// Largest output buffer a thread keeps between calls: room for the largest volume chunk
 /// (16 MiB) at zstd's worst-case bound.
-const SCRATCH_KEEP: usize = 17 << 20;
+pub(crate) const SCRATCH_KEEP: usize = 17 << 20;
 
 thread_local! {
     static COMPRESSORS: RefCell<Vec<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(Vec::new()) };

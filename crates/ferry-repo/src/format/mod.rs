@@ -30,8 +30,8 @@ pub use keys::{
     PasswordSeal, RepoKeys,
 };
 pub use pack::{
-    HEADER_PADDING, PackBuilder, PackEntry, PackHeader, SealedPack, header_length, open_blob,
-    read_pack_header, seal_blob,
+    HEADER_PADDING, PackBuilder, PackEntry, PackHeader, SealScratch, SealedPack, header_length,
+    open_blob, read_pack_header,
 };
 pub use prf_cut::{PrfCut, WINDOW as PRF_CUT_WINDOW};
 pub use snapshot::{Snapshot, SnapshotKind, Summary};

@@ -79,11 +79,16 @@ impl PackBuilder {
     /// An empty pack.
     #[must_use]
     pub fn new() -> Self {
-        Self {
-            buf: vec![FORMAT_VERSION, ObjectKind::Pack as u8],
-            entries: Vec::new(),
-            raw_bytes: 0,
-        }
+        Self::in_buffer(Vec::new())
+    }
+
+    /// An empty pack written into `buf` (cleared first), so a writer can reuse the buffers of
+    /// packs it stored.
+    #[must_use]
+    pub fn in_buffer(mut buf: Vec<u8>) -> Self {
+        buf.clear();
+        buf.extend_from_slice(&[FORMAT_VERSION, ObjectKind::Pack as u8]);
+        Self { buf, entries: Vec::new(), raw_bytes: 0 }
     }
 
     /// Compresses (at `level`, 0 for none), encrypts and appends one blob; returns the bytes
@@ -101,8 +106,8 @@ impl PackBuilder {
         self.add_encoded(&keys.cipher, id, kind, &plain, raw.len())
     }
 
-    /// Appends a blob sealed elsewhere with [`seal_blob`] (so encryption can happen outside a
-    /// lock around a shared pack).
+    /// Appends a blob sealed elsewhere with [`SealScratch::seal`] (so encryption can happen
+    /// outside a lock around a shared pack).
     pub fn push_sealed(
         &mut self,
         id: BlobId,
@@ -197,14 +202,39 @@ impl PackBuilder {
     }
 }
 
-/// Compresses (at `level`, 0 for none) and encrypts one blob into its sealed form.
-#[must_use]
-pub fn seal_blob(keys: &RepoKeys, id: BlobId, kind: ObjectKind, level: i32, raw: &[u8]) -> Vec<u8> {
-    let mut plain = Vec::with_capacity(raw.len() / 2 + 16);
-    compress::encode_into(level, raw, &mut plain);
-    let mut sealed = Vec::with_capacity(plain.len() + NONCE_LEN + TAG_LEN);
-    keys.cipher.seal_append(&mut sealed, &associated_data(kind, &id.0), &plain);
-    sealed
+/// Compresses and encrypts blobs into their sealed form, in buffers kept from one blob to the
+/// next (a writer seals millions of blobs; each allocating and freeing its own two buffers
+/// churns the allocator). A buffer that grew past the largest volume chunk's room (a huge tree
+/// page) is freed instead of kept.
+#[derive(Debug, Default)]
+pub struct SealScratch {
+    plain: Vec<u8>,
+    sealed: Vec<u8>,
+}
+
+impl SealScratch {
+    /// Compresses (at `level`, 0 for none) and encrypts one blob; returns its sealed form,
+    /// valid until the next call.
+    pub fn seal(
+        &mut self,
+        keys: &RepoKeys,
+        id: BlobId,
+        kind: ObjectKind,
+        level: i32,
+        raw: &[u8],
+    ) -> &[u8] {
+        if self.sealed.capacity() > compress::SCRATCH_KEEP {
+            self.sealed = Vec::new();
+        }
+        self.plain.clear();
+        compress::encode_into(level, raw, &mut self.plain);
+        self.sealed.clear();
+        keys.cipher.seal_append(&mut self.sealed, &associated_data(kind, &id.0), &self.plain);
+        if self.plain.capacity() > compress::SCRATCH_KEEP {
+            self.plain = Vec::new();
+        }
+        &self.sealed
+    }
 }
 
 /// Reads the header length from a pack's last four bytes.
@@ -345,6 +375,19 @@ mod tests {
         #[test]
         fn open_blob_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = open_blob(&keys(), &BlobId([0; 32]), ObjectKind::DataBlob, &bytes);
+        }
+    }
+
+    #[test]
+    fn a_reused_scratch_seals_each_blob_on_its_own() {
+        let k = keys();
+        let mut scratch = SealScratch::default();
+        let big: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        for (raw, level) in [(&big[..], 3), (&b"short"[..], 3), (&big[..1000], 0), (&[][..], 3)] {
+            let id = k.blob_id(raw);
+            let sealed = scratch.seal(&k, id, ObjectKind::DataBlob, level, raw).to_vec();
+            let opened = open_blob(&k, &id, ObjectKind::DataBlob, &sealed).expect("opens");
+            assert_eq!(opened, raw);
         }
     }
 

@@ -1,5 +1,6 @@
 //! A repository over an [`ObjectStore`]: init, open, keys, snapshots, blobs.
 
+mod buffers;
 mod cache;
 pub(crate) mod capped;
 pub(crate) mod claims;

@@ -375,6 +375,51 @@ pub(crate) async fn write_blobs_of(
     Ok(ids)
 }
 
+/// A stored pack's buffer comes back for a later pack: a backup of many packs allocates no more
+/// buffers than can be in flight at once (a file store lets go of a pack's bytes once written).
+#[tokio::test]
+async fn stored_packs_lend_their_buffers_to_the_next() -> RepoResult<()> {
+    let cancel = CancellationToken::new();
+    let dir = tempfile::tempdir()
+        .map_err(|e| RepoError::Internal { what: "test", reason: e.to_string() })?;
+    let store: Arc<dyn ObjectStore> = Arc::new(
+        FsStore::open(dir.path())
+            .map_err(|e| RepoError::Internal { what: "test", reason: e.to_string() })?,
+    );
+    let (repo, _) = Repository::init(Arc::clone(&store), b"pw", &fast_options(), &cancel).await?;
+    let index = repo.index(&cancel).await?;
+    let (sink, uploader) = Uploader::start_leased(&repo, index, None, &cancel);
+    let buffers = sink.buffers();
+    let stats = Arc::clone(&uploader.stats);
+    let writer = repo.clone();
+    // 16 MiB of incompressible blobs: 16 packs at the 1 MiB test target.
+    tokio::task::spawn_blocking(move || -> RepoResult<()> {
+        let mut packer = LocalPacker::new(&writer, &sink, &stats, 3);
+        for i in 0..400u32 {
+            let mut blob = vec![0u8; 42_000];
+            blake3::Hasher::new_keyed(&[0; 32])
+                .update(&i.to_le_bytes())
+                .finalize_xof()
+                .fill(&mut blob);
+            packer.add(ObjectKind::DataBlob, writer.keys().blob_id(&blob), &blob)?;
+        }
+        sink.flush(&writer)
+    })
+    .await
+    .map_err(|e| RepoError::Internal { what: "test", reason: e.to_string() })??;
+    uploader.finish().await?;
+    let packs = store
+        .list(layout::DATA, &cancel)
+        .await
+        .map_err(|e| RepoError::store("list", layout::DATA, e))?
+        .len();
+    assert!(packs >= 14, "{packs} packs");
+    let in_flight = super::writer::OPEN_DATA_PACKS + 1 + super::writer::PACK_BUFFERS_KEPT;
+    assert!(buffers.allocated() <= in_flight, "{} buffers for {packs} packs", buffers.allocated());
+    assert!(buffers.kept() > 0, "no buffer came back");
+    Ok(())
+}
+
 #[tokio::test]
 async fn blobs_written_in_packs_read_back_after_reopen() -> RepoResult<()> {
     let cancel = CancellationToken::new();

@@ -23,12 +23,13 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::buffers::PackBuffers;
 use super::capped::Limit;
 use super::disk_cache::Cached;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
-    BlobId, IndexFile, IndexId, IndexPack, ObjectKind, PackBuilder, SealedPack, content_address,
-    seal_blob,
+    BlobId, IndexFile, IndexId, IndexPack, ObjectKind, PackBuilder, SealScratch, SealedPack,
+    content_address,
 };
 use crate::repo::{MemIndex, Repository, layout};
 
@@ -40,6 +41,10 @@ pub(crate) const UPLOAD_CONCURRENCY: usize = 3;
 pub(crate) const CHECKPOINT_PACKS: usize = 8;
 /// Longest time between index checkpoints while packs are being stored.
 pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(60);
+/// Pack buffers a writer keeps for reuse: one for each full pack that can be in flight at once
+/// (one being sealed, one waiting for the uploader, the ones being stored); the open packs
+/// hold their own.
+pub(crate) const PACK_BUFFERS_KEPT: usize = 1 + 1 + UPLOAD_CONCURRENCY;
 
 /// Counters of what was stored.
 #[derive(Debug, Default)]
@@ -58,11 +63,18 @@ pub(crate) struct PackSink {
     tx: mpsc::Sender<SealedPack>,
     data: Arc<[Mutex<PackBuilder>; OPEN_DATA_PACKS]>,
     tree: Arc<Mutex<PackBuilder>>,
+    buffers: Arc<PackBuffers>,
 }
 
 impl PackSink {
     fn send(&self, pack: SealedPack) -> RepoResult<()> {
         self.tx.blocking_send(pack).map_err(|_| RepoError::UploadStopped)
+    }
+
+    /// The pack buffers the writer reuses.
+    #[cfg(test)]
+    pub(crate) fn buffers(&self) -> Arc<PackBuffers> {
+        Arc::clone(&self.buffers)
     }
 }
 
@@ -95,10 +107,19 @@ impl Uploader {
     ) -> (PackSink, Self) {
         let (tx, rx) = mpsc::channel(1);
         let stats = Arc::new(WriteStats::default());
+        // A pack ends at the first blob that takes it to the target: room for a file chunk
+        // past it and the header, so a buffer rarely grows (a larger volume chunk or tree
+        // page past the target makes it grow once).
+        let config = repo.config();
+        let room = config.packs.target_size as usize + config.chunker.max_size as usize + (1 << 20);
+        let buffers = Arc::new(PackBuffers::new(room, PACK_BUFFERS_KEPT));
         let repo = Leased { repo: repo.clone(), lease };
-        let task = tokio::spawn(run(repo, index, rx, Arc::clone(&stats), cancel.clone()));
-        let data = Arc::new(std::array::from_fn(|_| Mutex::default()));
-        (PackSink { tx, data, tree: Arc::default() }, Self { task, stats })
+        let uploader =
+            run(repo, index, rx, Arc::clone(&stats), Arc::clone(&buffers), cancel.clone());
+        let task = tokio::spawn(uploader);
+        let open = || Mutex::new(PackBuilder::in_buffer(buffers.take()));
+        let (data, tree) = (Arc::new(std::array::from_fn(|_| open())), Arc::new(open()));
+        (PackSink { tx, data, tree, buffers }, Self { task, stats })
     }
 
     /// Waits until every pack sent is stored and indexed. All sinks must be dropped first.
@@ -121,6 +142,7 @@ async fn run(
     index: Arc<MemIndex>,
     mut rx: mpsc::Receiver<SealedPack>,
     stats: Arc<WriteStats>,
+    buffers: Arc<PackBuffers>,
     cancel: CancellationToken,
 ) -> RepoResult<Vec<IndexId>> {
     let mut uploads: JoinSet<RepoResult<IndexPack>> = JoinSet::new();
@@ -133,8 +155,8 @@ async fn run(
             tokio::select! {
                 received = rx.recv(), if open && uploads.len() < UPLOAD_CONCURRENCY => match received {
                     Some(pack) => {
-                        let (repo, cancel) = (repo.repo.clone(), cancel.clone());
-                        uploads.spawn(async move { upload(&repo, pack, &cancel).await });
+                        let (repo, cancel, buffers) = (repo.repo.clone(), cancel.clone(), Arc::clone(&buffers));
+                        uploads.spawn(async move { upload(&repo, pack, &buffers, &cancel).await });
                     }
                     None => open = false,
                 },
@@ -175,6 +197,7 @@ async fn run(
 async fn upload(
     repo: &Repository,
     pack: SealedPack,
+    buffers: &PackBuffers,
     cancel: &CancellationToken,
 ) -> RepoResult<IndexPack> {
     let key = layout::pack(&pack.id)?;
@@ -185,8 +208,9 @@ async fn upload(
         .await
         .map_err(|e| RepoError::store("upload pack", &key, e))?;
     if pack.entries.first().is_some_and(|e| e.kind == ObjectKind::TreeBlob) {
-        repo.keep_copy(Cached::TreePack, pack.id.0, bytes).await;
+        repo.keep_copy(Cached::TreePack, pack.id.0, bytes.clone()).await;
     }
+    buffers.give_back(bytes);
     Ok(IndexPack { id: pack.id, size, entries: pack.entries })
 }
 
@@ -230,8 +254,9 @@ pub(crate) async fn write_index(
 }
 
 /// A worker's handle on the shared open packs (two for data, one for trees). Blobs are
-/// compressed and encrypted on the worker; only the copy into a pack happens under its lock,
-/// so all workers fill the same packs and memory holds three open packs, not a pack per worker.
+/// compressed and encrypted on the worker, in its own reused buffers; only the copy into a
+/// pack (and, when that fills it, taking the next pack's buffer) happens under its lock, so all
+/// workers fill the same packs and memory holds three open packs, not a pack per worker.
 #[derive(Debug)]
 pub(crate) struct LocalPacker {
     repo: Repository,
@@ -239,6 +264,7 @@ pub(crate) struct LocalPacker {
     stats: Arc<WriteStats>,
     level: i32,
     target: usize,
+    scratch: SealScratch,
 }
 
 impl LocalPacker {
@@ -254,6 +280,7 @@ impl LocalPacker {
             stats: Arc::clone(stats),
             level,
             target: repo.config().packs.target_size as usize,
+            scratch: SealScratch::default(),
         }
     }
 
@@ -265,7 +292,7 @@ impl LocalPacker {
         } else {
             self.level
         };
-        let sealed = seal_blob(keys, id, kind, level, raw);
+        let sealed = self.scratch.seal(keys, id, kind, level, raw);
         self.stats.raw_bytes.fetch_add(raw.len() as u64, Ordering::Relaxed);
         self.stats.blobs.fetch_add(1, Ordering::Relaxed);
         let open = if kind == ObjectKind::TreeBlob {
@@ -278,8 +305,11 @@ impl LocalPacker {
                 what: "pack writer",
                 reason: "lock poisoned".into(),
             })?;
-            builder.push_sealed(id, kind, &sealed, raw.len());
-            (builder.size() >= self.target).then(|| std::mem::take(&mut *builder))
+            builder.push_sealed(id, kind, sealed, raw.len());
+            (builder.size() >= self.target).then(|| {
+                let next = PackBuilder::in_buffer(self.sink.buffers.take());
+                std::mem::replace(&mut *builder, next)
+            })
         };
         if let Some(full) = full {
             self.sink.send(full.finish(&keys.cipher, self.repo.config().format))?;

@@ -9,8 +9,9 @@
 //! A reader asks the kernel to read its whole segment, and the one a reader will take next,
 //! in the background (`POSIX_FADV_WILLNEED`), so the device streams while the readers compute;
 //! a finished segment is dropped from the page cache.
-//! Memory: one chunk buffer per reader, the shared open packs, the packs being uploaded, and
-//! one 33-byte slot per chunk of the device.
+//! Memory: one chunk buffer and two sealing buffers per reader, the shared open packs, the
+//! packs being uploaded (their buffers kept for the next packs), and one 33-byte slot per
+//! chunk of the device.
 
 use crate::gc::{Lease, LeaseCheck, WRITER_LEASES};
 use std::path::Path;
