@@ -92,17 +92,11 @@ pub async fn event_time(
     name: &str,
     reason: &str,
 ) -> Result<ferry_api::k8s_openapi::jiff::Timestamp, Box<dyn std::error::Error>> {
-    use ferry_api::k8s_openapi::api::events::v1::Event;
-    let events: Api<Event> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let first = events
-            .list(&Default::default())
+        let first = crate::node::agent_event_list(client, name)
             .await?
-            .items
             .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-            .filter(|e| e.reporting_controller.as_deref() == Some("ferry-agent"))
             .filter(|e| e.reason.as_deref() == Some(reason))
             .filter_map(|e| e.event_time.map(|t| t.0))
             .min();

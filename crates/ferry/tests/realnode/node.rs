@@ -654,7 +654,7 @@ pub async fn agent_event_note(
 }
 
 /// The Events the agents published on the CR `name` in Velero's namespace.
-async fn agent_event_list(
+pub async fn agent_event_list(
     client: &Client,
     name: &str,
 ) -> Result<Vec<ferry_api::k8s_openapi::api::events::v1::Event>, Box<dyn std::error::Error>> {
