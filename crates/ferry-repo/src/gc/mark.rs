@@ -5,11 +5,11 @@ use std::collections::HashSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
-use crate::format::{HEADER_PADDING, ObjectKind, PackEntry, PackId, RepoFormat};
+use crate::format::{BlobId, HEADER_PADDING, ObjectKind, PackEntry, PackId, RepoFormat};
 use crate::gc::lease::{self, LeaseCheck};
 use crate::gc::state::{self, GcDir, GcMark, GcObject, GcWriters};
 use crate::gc::{GcOptions, MarkReport, refs, repack};
-use crate::repo::{Repository, blocking, layout, unix_now};
+use crate::repo::{Repository, SlotMarks, blocking, layout, unix_now};
 
 /// What every pack holds besides its blobs and their entries: the two-byte prefix, the
 /// sealed header's envelope (47 bytes) and the four-byte trailer.
@@ -39,8 +39,15 @@ pub(crate) async fn run(
     let index = blocking(move || builder.finish()).await?;
     let snapshots = repo.snapshot_ids(cancel).await?;
     report.snapshots = snapshots.len() as u64;
-    let refs = refs::collect(repo, &snapshots, &|id| index.lookup(id), cancel).await?;
-    report.referenced_blobs = refs.len() as u64;
+    // What the snapshots reach, one bit per indexed blob (an unindexed chunk has no pack to
+    // keep; an unindexed tree page stops the walk).
+    let mut reached = SlotMarks::new(&index);
+    let mut mark = |id: &BlobId| {
+        reached.mark(&index, id);
+        Ok(())
+    };
+    refs::collect(repo, &snapshots, &|id| index.lookup(id), &mut mark, cancel).await?;
+    report.referenced_blobs = reached.count() as u64;
 
     // Live bytes per pack, counting each referenced blob once, in the pack the index chose.
     // Dead bytes: the rest of the pack (unreferenced blobs, and copies of blobs the index
@@ -50,9 +57,9 @@ pub(crate) async fn run(
     let packs = index.packs();
     report.packs = packs.len() as u64;
     let mut live = vec![(0u64, 0u32, false); packs.len()];
-    index.for_each(|id, pack, loc| {
+    index.for_each(|slot, _, pack, loc| {
         live[pack].2 |= loc.kind == ObjectKind::DataBlob;
-        if refs.contains(id) {
+        if reached.is_marked(slot) {
             live[pack].0 += u64::from(loc.length);
             live[pack].1 += 1;
         }
@@ -82,8 +89,8 @@ pub(crate) async fn run(
     drop(live);
     if !to_repack.is_empty() {
         let mut entries: Vec<(PackId, PackEntry)> = Vec::new();
-        index.for_each(|id, pack, loc| {
-            if to_repack.contains(&pack) && refs.contains(id) {
+        index.for_each(|slot, id, pack, loc| {
+            if to_repack.contains(&pack) && reached.is_marked(slot) {
                 entries.push((
                     loc.pack,
                     PackEntry {
@@ -120,7 +127,7 @@ pub(crate) async fn run(
         .filter(|id| index.pack_size(id).is_none())
         .collect();
     report.orphan_packs = orphans.len() as u64;
-    drop(refs);
+    drop(reached);
     drop(index);
     if condemned.is_empty() && orphans.is_empty() {
         return Ok(report);

@@ -91,7 +91,7 @@ pub struct MarkReport {
     pub pending: bool,
     /// Snapshots whose references were followed.
     pub snapshots: u64,
-    /// Distinct blobs they reference.
+    /// Distinct indexed blobs they reference.
     pub referenced_blobs: u64,
     /// Packs in the index.
     pub packs: u64,

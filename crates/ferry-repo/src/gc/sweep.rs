@@ -2,7 +2,6 @@
 
 use std::collections::{HashMap, HashSet};
 
-use futures::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
@@ -10,7 +9,7 @@ use crate::format::{BlobId, IndexFile, IndexId, PackEntry, PackId};
 use crate::gc::lease::{self, LeaseCheck};
 use crate::gc::state::{self, GcDir, GcObject};
 use crate::gc::{GcOptions, SweepReport, SweepStats, compact, refs};
-use crate::repo::{BlobLocation, MemIndex, Repository, blocking, layout, unix_now};
+use crate::repo::{BlobLocation, Repository, blocking, layout, unix_now};
 
 pub(crate) async fn run(
     repo: &Repository,
@@ -55,28 +54,31 @@ pub(crate) async fn run(
     // Everything that may have missed the mark has finished: what the snapshots reference
     // now is all that can ever reference a condemned pack.
     let index_ids = repo.index_ids(cancel).await?;
-    let files = load(repo, &index_ids, cancel).await?;
     let condemned: HashSet<PackId> = mark.condemned.iter().copied().collect();
     let mut indexed: HashSet<PackId> = HashSet::new();
-    let mut condemned_entries: Vec<(PackId, PackEntry)> = Vec::new();
-    for (_, f) in &files {
+    // The condemned packs' blobs, each with its pack's place in `condemned_packs` (a pack id
+    // beside every entry took 32 bytes more a blob).
+    let mut condemned_packs: Vec<PackId> = Vec::new();
+    let mut condemned_entries: Vec<(u32, PackEntry)> = Vec::new();
+    let inspect = |_: IndexId, f: &IndexFile| {
         for p in &f.packs {
             indexed.insert(p.id);
             if condemned.contains(&p.id) {
-                condemned_entries.extend(p.entries.iter().map(|e| (p.id, *e)));
+                let number = u32::try_from(condemned_packs.len()).unwrap_or(u32::MAX);
+                condemned_packs.push(p.id);
+                condemned_entries.extend(p.entries.iter().map(|e| (number, *e)));
             }
         }
-    }
-    condemned_entries.sort_unstable_by_key(|(_, e)| e.id);
-    let view = {
-        let condemned = condemned.clone();
-        blocking(move || MemIndex::build_excluding(files, &condemned)).await?
     };
+    let builder =
+        repo.build_index_from(index_ids.clone(), condemned.clone(), inspect, cancel).await?;
+    let view = blocking(move || builder.finish()).await?;
+    condemned_entries.sort_unstable_by_key(|(_, e)| e.id);
     let in_condemned = |id: &BlobId| -> Option<BlobLocation> {
         let pos = condemned_entries.binary_search_by(|(_, e)| e.id.cmp(id)).ok()?;
-        let (pack, e) = condemned_entries[pos];
+        let (number, e) = condemned_entries[pos];
         Some(BlobLocation {
-            pack,
+            pack: *condemned_packs.get(number as usize)?,
             offset: e.offset,
             length: e.length,
             raw_length: e.raw_length,
@@ -85,30 +87,29 @@ pub(crate) async fn run(
     };
     let snapshots = repo.snapshot_ids(cancel).await?;
     let locate = |id: &BlobId| view.lookup(id).or_else(|| in_condemned(id));
-    let refs = refs::collect(repo, &snapshots, &locate, cancel).await?;
     let mut revived: HashSet<PackId> = HashSet::new();
-    for id in refs.iter() {
+    let mut revive = |id: &BlobId| {
         if view.contains(id) {
-            continue;
+            return Ok(());
         }
         match in_condemned(id) {
             Some(loc) => {
                 revived.insert(loc.pack);
+                Ok(())
             }
-            None => {
-                return Err(RepoError::Gc {
-                    step: "sweep",
-                    reason: format!(
-                        "blob {id}, referenced by a snapshot, is in no index; nothing was \
-                         deleted (run check)"
-                    ),
-                });
-            }
+            None => Err(RepoError::Gc {
+                step: "sweep",
+                reason: format!(
+                    "blob {id}, referenced by a snapshot, is in no index; nothing was deleted \
+                     (run check)"
+                ),
+            }),
         }
-    }
-    drop(refs);
+    };
+    refs::collect(repo, &snapshots, &locate, &mut revive, cancel).await?;
     drop(view);
     drop(condemned_entries);
+    drop(condemned_packs);
 
     let mut doomed: HashSet<PackId> = condemned.difference(&revived).copied().collect();
     doomed.extend(mark.orphans.iter().filter(|p| !indexed.contains(*p)));
@@ -160,16 +161,4 @@ async fn delete(
     cancel: &CancellationToken,
 ) -> RepoResult<()> {
     repo.store().delete(key, cancel).await.map_err(|e| RepoError::store("delete", key, e))
-}
-
-async fn load(
-    repo: &Repository,
-    ids: &[IndexId],
-    cancel: &CancellationToken,
-) -> RepoResult<Vec<(IndexId, IndexFile)>> {
-    futures::stream::iter(ids.iter().copied())
-        .map(|id| async move { repo.read_index_file(id, cancel).await.map(|f| (id, f)) })
-        .buffer_unordered(8)
-        .try_collect()
-        .await
 }

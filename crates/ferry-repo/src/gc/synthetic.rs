@@ -2,12 +2,13 @@
 //! (the `gc_memory` example). Not for production use.
 
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
     BlobId, ChunkRef, FileContent, IndexPack, Metadata, Node, NodeBody, ObjectKind, PackBuilder,
-    Snapshot, SnapshotId, Summary, Timestamp, TreePage,
+    SealedPack, Snapshot, SnapshotId, Summary, Timestamp, TreePage,
 };
 use crate::repo::writer::write_index;
 use crate::repo::{Repository, layout};
@@ -16,6 +17,8 @@ use crate::repo::{Repository, layout};
 const BLOBS_PER_PACK: u32 = 16;
 /// Packs per index file.
 const PACKS_PER_INDEX: usize = 1000;
+/// Packs stored at once.
+const PUTS_AT_ONCE: usize = 32;
 
 /// Stores `files * chunks_per_file` distinct 16-byte data blobs in packs of 16, indexed, and
 /// one snapshot per `(first, last)` file range in `snapshots`, each a directory of those files.
@@ -39,29 +42,40 @@ pub async fn populate(
     let total = u64::from(files) * u64::from(chunks_per_file);
     let mut indexed: Vec<IndexPack> = Vec::new();
     let mut builder = PackBuilder::new();
+    let mut sealed_packs = Vec::new();
     for n in 0..total {
         let (id, raw) = chunk(n);
         builder.add(&keys, id, ObjectKind::DataBlob, 0, &raw);
         if builder.entries().len() as u32 == BLOBS_PER_PACK || n + 1 == total {
-            let sealed = std::mem::take(&mut builder).finish(&keys.cipher, repo.config().format);
-            let key = layout::pack(&sealed.id)?;
-            let size = sealed.bytes.len() as u64;
-            repo.store()
-                .put_if_absent(&key, Bytes::from(sealed.bytes), cancel)
-                .await
-                .map_err(|e| RepoError::store("upload pack", &key, e))?;
-            indexed.push(IndexPack { id: sealed.id, size, entries: sealed.entries });
-            if indexed.len() == PACKS_PER_INDEX {
-                write_index(repo, std::mem::take(&mut indexed), cancel).await?;
-            }
+            sealed_packs
+                .push(std::mem::take(&mut builder).finish(&keys.cipher, repo.config().format));
+        }
+        if sealed_packs.len() == PACKS_PER_INDEX || (n + 1 == total && !sealed_packs.is_empty()) {
+            // Stored several at once: a file store syncs each object.
+            let stored: Vec<IndexPack> = futures::stream::iter(std::mem::take(&mut sealed_packs))
+                .map(|sealed| store(repo, sealed, cancel))
+                .buffer_unordered(PUTS_AT_ONCE)
+                .try_collect()
+                .await?;
+            indexed.extend(stored);
+            write_index(repo, std::mem::take(&mut indexed), cancel).await?;
         }
     }
+    let target = repo.config().packs.target_size as usize;
+    let add_page = |tree: &mut PackBuilder, pages: &mut Vec<BlobId>, entries: Vec<Node>| {
+        let raw = TreePage { entries }.encode();
+        let id = keys.blob_id(&raw);
+        tree.add(&keys, id, ObjectKind::TreeBlob, 3, &raw);
+        pages.push(id);
+    };
     let mut out = Vec::new();
     for (first, last) in snapshots {
         let mut tree = PackBuilder::new();
         let mut pages = Vec::new();
         let mut entries = Vec::new();
-        for f in *first..(*last).min(files) {
+        let mut page_bytes = 0;
+        let last = (*last).min(files);
+        for f in *first..last {
             let chunks: Vec<ChunkRef> = (0..chunks_per_file)
                 .map(|c| ChunkRef {
                     id: chunk(u64::from(f) * u64::from(chunks_per_file) + u64::from(c)).0,
@@ -70,29 +84,32 @@ pub async fn populate(
                 .collect();
             let content =
                 FileContent { size: 16 * u64::from(chunks_per_file), extents: None, chunks };
-            entries.push(Node {
+            let node = Node {
                 name: format!("f{f:09}").into_bytes(),
                 body: NodeBody::File(content),
                 meta: Metadata::default(),
                 hardlink: None,
                 error: None,
-            });
-            if entries.len() == TreePage::MAX_ENTRIES || f + 1 == (*last).min(files) {
-                let raw = TreePage { entries: std::mem::take(&mut entries) }.encode();
-                let id = keys.blob_id(&raw);
-                tree.add(&keys, id, ObjectKind::TreeBlob, 3, &raw);
-                pages.push(id);
+            };
+            // Pages close as a backup's do: at MAX_ENTRIES, or before MAX_BYTES.
+            let len = TreePage { entries: vec![node.clone()] }.encode().len();
+            if !entries.is_empty()
+                && (entries.len() == TreePage::MAX_ENTRIES
+                    || page_bytes + len > TreePage::MAX_BYTES)
+            {
+                add_page(&mut tree, &mut pages, std::mem::take(&mut entries));
+                page_bytes = 0;
             }
-        }
-        if !tree.is_empty() {
-            let sealed = tree.finish(&keys.cipher, repo.config().format);
-            let key = layout::pack(&sealed.id)?;
-            let size = sealed.bytes.len() as u64;
-            repo.store()
-                .put_if_absent(&key, Bytes::from(sealed.bytes), cancel)
-                .await
-                .map_err(|e| RepoError::store("upload pack", &key, e))?;
-            indexed.push(IndexPack { id: sealed.id, size, entries: sealed.entries });
+            entries.push(node);
+            page_bytes += len;
+            if f + 1 == last {
+                add_page(&mut tree, &mut pages, std::mem::take(&mut entries));
+            }
+            // Tree packs are sealed at the target size, as a backup's are.
+            if tree.size() >= target || (f + 1 == last && !tree.is_empty()) {
+                let sealed = std::mem::take(&mut tree).finish(&keys.cipher, repo.config().format);
+                indexed.push(store(repo, sealed, cancel).await?);
+            }
         }
         write_index(repo, std::mem::take(&mut indexed), cancel).await?;
         let snapshot = Snapshot {
@@ -115,4 +132,19 @@ pub async fn populate(
         out.push(repo.save_snapshot(&snapshot, cancel).await?);
     }
     Ok(out)
+}
+
+/// Stores a sealed pack; what the index is to say of it.
+async fn store(
+    repo: &Repository,
+    sealed: SealedPack,
+    cancel: &CancellationToken,
+) -> RepoResult<IndexPack> {
+    let key = layout::pack(&sealed.id)?;
+    let size = sealed.bytes.len() as u64;
+    repo.store()
+        .put_if_absent(&key, Bytes::from(sealed.bytes), cancel)
+        .await
+        .map_err(|e| RepoError::store("upload pack", &key, e))?;
+    Ok(IndexPack { id: sealed.id, size, entries: sealed.entries })
 }

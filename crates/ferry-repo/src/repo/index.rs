@@ -151,25 +151,23 @@ pub(crate) struct MemIndex {
     packs: Vec<PackInfo>,
     pack_numbers: HashMap<PackId, u32>,
     slots: Vec<Slot>,
+    /// Where the slots of each leading-bits prefix start (see [`Fanout`]).
+    fanout: Fanout,
     added: RwLock<Added>,
     files: HashSet<IndexId>,
+    /// Further places of blobs listed in more than one place (a blob stored twice), sorted
+    /// by id; lookups use `slots`, only `check` looks here.
+    copies: Vec<Slot>,
     /// Garbage-collection marks whose condemned packs were left out (see `crate::gc`).
     pub(crate) gc_marks: Vec<String>,
 }
 
 impl MemIndex {
-    /// Builds the index from decoded index files, honouring `supersedes`.
+    /// Builds the index from decoded index files, honouring `supersedes` (readers build it
+    /// file by file as they read, with an [`IndexBuilder`]).
+    #[cfg(test)]
     pub(crate) fn build(files: Vec<(IndexId, IndexFile)>) -> Self {
-        Self::build_excluding(files, &HashSet::new())
-    }
-
-    /// As [`MemIndex::build`], leaving out the blobs of the `excluded` packs (condemned by
-    /// garbage collection), so a copy in another pack is found instead, or none.
-    pub(crate) fn build_excluding(
-        files: Vec<(IndexId, IndexFile)>,
-        excluded: &HashSet<PackId>,
-    ) -> Self {
-        let mut builder = IndexBuilder::new(excluded.clone());
+        let mut builder = IndexBuilder::new(HashSet::new());
         for (id, file) in files {
             builder.add(id, file);
         }
@@ -186,13 +184,27 @@ impl MemIndex {
         &self.packs
     }
 
-    /// Calls `f` with every loaded blob (one location per id), in id order.
-    pub(crate) fn for_each(&self, mut f: impl FnMut(&BlobId, usize, BlobLocation)) {
-        for s in &self.slots {
+    /// Calls `f` with every loaded blob (one location per id), in id order: its slot (see
+    /// [`MemIndex::slot_of`]), id, pack number and location.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(usize, &BlobId, usize, BlobLocation)) {
+        for (n, s) in self.slots.iter().enumerate() {
             if let Some(loc) = self.location(s) {
-                f(&s.id, s.pack as usize, loc);
+                f(n, &s.id, s.pack as usize, loc);
             }
         }
+    }
+
+    /// How many blobs were loaded (slots are numbered from 0 to this, in id order).
+    pub(crate) fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The slot of a loaded blob (blobs added by this process have none).
+    pub(crate) fn slot_of(&self, id: &BlobId) -> Option<usize> {
+        let range = self.fanout.range(id, self.slots.len());
+        let start = range.start;
+        let found = self.slots.get(range)?.binary_search_by(|s| s.id.cmp(id)).ok()?;
+        Some(start + found)
     }
 
     fn location(&self, s: &Slot) -> Option<BlobLocation> {
@@ -201,8 +213,8 @@ impl MemIndex {
 
     /// Where `id` is, if anywhere.
     pub(crate) fn lookup(&self, id: &BlobId) -> Option<BlobLocation> {
-        if let Ok(pos) = self.slots.binary_search_by(|s| s.id.cmp(id)) {
-            return self.location(&self.slots[pos]);
+        if let Some(slot) = self.slot_of(id) {
+            return self.location(&self.slots[slot]);
         }
         self.added.read().ok()?.get(id)
     }
@@ -232,6 +244,28 @@ impl MemIndex {
                 },
             );
         }
+    }
+
+    /// Whether a loaded index file lists `id` in pack number `pack` at exactly `loc` (the
+    /// place lookups use, or another place of a blob stored twice).
+    pub(crate) fn lists(&self, id: &BlobId, pack: usize, loc: &BlobLocation) -> bool {
+        let same =
+            |s: &Slot| s.pack as usize == pack && self.location(s).is_some_and(|l| l == *loc);
+        let first = self.slot_of(id).and_then(|n| self.slots.get(n)).is_some_and(same);
+        let start = self.copies.partition_point(|s| s.id < *id);
+        first || self.copies[start..].iter().take_while(|s| s.id == *id).any(same)
+    }
+
+    /// Calls `f` with the pack number of every further place of a blob stored twice.
+    pub(crate) fn for_each_copy(&self, mut f: impl FnMut(usize)) {
+        for s in &self.copies {
+            f(s.pack as usize);
+        }
+    }
+
+    /// The number of a loaded pack (its place in [`MemIndex::packs`]).
+    pub(crate) fn pack_number(&self, id: &PackId) -> Option<usize> {
+        self.pack_numbers.get(id).map(|n| *n as usize)
     }
 
     /// Size of a pack, if known.
@@ -344,10 +378,77 @@ impl IndexBuilder {
                 .collect();
             index.packs = packs;
         }
-        index.slots.sort_unstable_by_key(|s| s.id);
-        index.slots.dedup_by(|a, b| a.id == b.id);
+        // Sorted by id, then place: the same listing read twice (a pack in two index files)
+        // leaves one slot; a blob in two places keeps its first and sets the others aside.
+        index.slots.sort_unstable_by_key(|s| (s.id, s.pack, s.offset, s.length, s.raw_and_kind));
+        index.slots.dedup_by(|a, b| {
+            (a.id, a.pack, a.offset, a.length, a.raw_and_kind)
+                == (b.id, b.pack, b.offset, b.length, b.raw_and_kind)
+        });
+        index.slots.dedup_by(|a, b| {
+            let copy = a.id == b.id;
+            if copy {
+                index.copies.push(*a);
+            }
+            copy
+        });
+        index.copies.shrink_to_fit();
         index.slots.shrink_to_fit();
+        index.fanout = Fanout::new(&index.slots);
         index
+    }
+}
+
+/// The first slot of every prefix of an id's leading bits, so a lookup searches the few
+/// slots of its prefix: a binary search over millions of slots missed the cache at nearly
+/// every step (about 24 at 10 M blobs; ids are keyed hashes, evenly spread, so a prefix
+/// holds about [`Fanout::SLOTS_PER_PREFIX`] of them).
+#[derive(Debug, Default)]
+struct Fanout {
+    /// How many leading bits of an id pick its prefix (0: no table, search everything).
+    bits: u32,
+    /// `starts[p]`: the first slot whose prefix is `p` or more; one more at the end (all).
+    starts: Vec<u32>,
+}
+
+impl Fanout {
+    const SLOTS_PER_PREFIX: usize = 8;
+    const MAX_BITS: u32 = 24;
+
+    /// The table of `slots` (sorted by id).
+    fn new(slots: &[Slot]) -> Self {
+        let per_prefix = slots.len() / Self::SLOTS_PER_PREFIX;
+        if per_prefix < 2 || u32::try_from(slots.len()).is_err() {
+            return Self::default();
+        }
+        let bits = per_prefix.ilog2().min(Self::MAX_BITS);
+        let mut starts = Vec::with_capacity((1 << bits) + 1);
+        let mut slot = 0;
+        for prefix in 0..1u32 << bits {
+            while slot < slots.len() && Self::prefix(bits, &slots[slot].id) < prefix {
+                slot += 1;
+            }
+            starts.push(slot as u32);
+        }
+        starts.push(slots.len() as u32);
+        Self { bits, starts }
+    }
+
+    fn prefix(bits: u32, id: &BlobId) -> u32 {
+        let lead = u32::from_be_bytes([id.0[0], id.0[1], id.0[2], id.0[3]]);
+        lead >> (32 - bits)
+    }
+
+    /// The slots that can hold `id`, of `len` slots in all.
+    fn range(&self, id: &BlobId, len: usize) -> std::ops::Range<usize> {
+        if self.bits == 0 {
+            return 0..len;
+        }
+        let p = Self::prefix(self.bits, id) as usize;
+        match (self.starts.get(p), self.starts.get(p + 1)) {
+            (Some(start), Some(end)) => *start as usize..*end as usize,
+            _ => 0..len,
+        }
     }
 }
 
@@ -374,8 +475,61 @@ fn located(pack: &PackInfo, offset: u32, length: u32, raw_and_kind: u32) -> Blob
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
     use crate::format::{IndexPack, PackEntry};
+
+    proptest! {
+        /// Every loaded blob is found at its slot through the prefix table, and no other id
+        /// is, whatever the ids (runs of one prefix, the first and last prefixes, sizes on
+        /// either side of the table's thresholds).
+        #[test]
+        fn lookups_through_the_prefix_table_find_exactly_the_loaded_blobs(
+            leads in proptest::collection::vec(any::<u32>(), 0..3000),
+            crowded in 0usize..400,
+            probes in proptest::collection::vec(any::<[u8; 32]>(), 0..50),
+        ) {
+            let mut ids: Vec<BlobId> = leads
+                .iter()
+                .enumerate()
+                .map(|(n, lead)| {
+                    let mut id = [0u8; 32];
+                    id[..4].copy_from_slice(&lead.to_be_bytes());
+                    id[4..12].copy_from_slice(&(n as u64).to_le_bytes());
+                    BlobId(id)
+                })
+                .collect();
+            for n in 0..crowded {
+                let mut id = [if n % 2 == 0 { 0 } else { 0xff }; 32];
+                id[8..16].copy_from_slice(&(n as u64).to_le_bytes());
+                ids.push(BlobId(id));
+            }
+            let entries = ids
+                .iter()
+                .map(|id| PackEntry {
+                    id: *id,
+                    kind: ObjectKind::DataBlob,
+                    offset: 2,
+                    length: 50,
+                    raw_length: 7,
+                })
+                .collect();
+            let file = IndexFile {
+                packs: vec![IndexPack { id: PackId([1; 32]), size: 100, entries }],
+                supersedes: vec![],
+            };
+            let index = MemIndex::build(vec![(IndexId([9; 32]), file)]);
+            for id in &ids {
+                let slot = index.slot_of(id);
+                prop_assert!(slot.is_some_and(|s| index.slots[s].id == *id), "{id} not found");
+            }
+            for probe in probes {
+                let probe = BlobId(probe);
+                prop_assert_eq!(index.slot_of(&probe).is_some(), ids.contains(&probe));
+            }
+        }
+    }
 
     fn entry(id: u8, kind: ObjectKind) -> PackEntry {
         PackEntry {
@@ -433,7 +587,7 @@ mod tests {
             assert_eq!(idx.pack_size(&PackId([3; 32])), Some(1003), "{order}: an empty live pack");
             assert_eq!(idx.pack_size(&PackId([4; 32])), None, "{order}");
             let mut seen = Vec::new();
-            idx.for_each(|id, number, loc| {
+            idx.for_each(|_, id, number, loc| {
                 assert_eq!(idx.packs()[number].id, loc.pack);
                 seen.push(id.0[0]);
             });

@@ -10,6 +10,7 @@ mod keys;
 pub(crate) mod layout;
 mod open;
 mod password_policy;
+mod slot_marks;
 mod snapshots;
 mod stats;
 pub(crate) mod writer;
@@ -37,10 +38,11 @@ pub(crate) use index::{IndexBuilder, MemIndex};
 pub use keys::{KeyDetails, KeyInfo};
 pub use open::OpenOptions;
 pub use password_policy::{MIN_PASSWORD_LEN, VELERO_DEFAULT_PASSWORD, weak_password_reason};
+pub(crate) use slot_marks::SlotMarks;
 pub use stats::RepoStats;
 
 /// How many objects are fetched at once when loading many (index files, snapshots).
-const LOAD_CONCURRENCY: usize = 16;
+pub(crate) const LOAD_CONCURRENCY: usize = 16;
 
 /// Options for [`Repository::init`].
 #[derive(Debug, Clone, Default)]
@@ -443,12 +445,25 @@ impl Repository {
         cancel: &CancellationToken,
     ) -> RepoResult<IndexBuilder> {
         let ids = self.index_ids(cancel).await?;
+        self.build_index_from(ids, excluded, |_, _| {}, cancel).await
+    }
+
+    /// As [`Repository::build_index`], from the index files `ids`, showing each decoded file
+    /// to `inspect` before the builder takes it in.
+    pub(crate) async fn build_index_from(
+        &self,
+        ids: Vec<IndexId>,
+        excluded: HashSet<PackId>,
+        mut inspect: impl FnMut(IndexId, &IndexFile),
+        cancel: &CancellationToken,
+    ) -> RepoResult<IndexBuilder> {
         futures::stream::iter(ids)
             .map(|id| async move { self.read_index_file(id, cancel).await.map(|f| (id, f)) })
             .buffer_unordered(LOAD_CONCURRENCY)
-            .try_fold(IndexBuilder::new(excluded), |mut builder, (id, file)| async move {
+            .try_fold(IndexBuilder::new(excluded), |mut builder, (id, file)| {
+                inspect(id, &file);
                 builder.add(id, file);
-                Ok(builder)
+                futures::future::ready(Ok(builder))
             })
             .await
     }

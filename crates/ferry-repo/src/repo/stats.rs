@@ -38,7 +38,7 @@ impl Repository {
             pack_bytes: index.packs().iter().map(|p| p.size).sum(),
             ..RepoStats::default()
         };
-        index.for_each(|_, _, loc| {
+        index.for_each(|_, _, _, loc| {
             if loc.kind == ObjectKind::TreeBlob {
                 stats.tree_blobs += 1;
                 stats.tree_stored_bytes += u64::from(loc.length);
