@@ -110,28 +110,43 @@ pub async fn check(
         .list(layout::DATA, cancel)
         .await
         .map_err(|e| RepoError::store("list", layout::DATA, e))?;
-    // Sorted by id (a map of 600 k packs took 40 MB more).
-    let mut stored: Vec<(PackId, u64)> = listed
-        .iter()
-        .filter_map(|m| layout::id_of(&m.key).map(|id| (PackId(id), m.size)))
-        .collect();
-    drop(listed);
-    stored.sort_unstable();
-    let size_of = |stored: &[(PackId, u64)], id: &PackId| {
-        stored.binary_search_by(|(p, _)| p.cmp(id)).ok().map(|n| stored[n].1)
-    };
-    report.packs = stored.len() as u64;
-    for info in index.packs() {
-        match size_of(&stored, &info.id) {
-            None => report.problems.push(format!("pack {} named by the index is missing", info.id)),
-            Some(s) if s != info.size => report
-                .problems
-                .push(format!("pack {} is {s} bytes, the index says {}", info.id, info.size)),
-            Some(_) => {}
+    // Each listed pack is compared with the index as it comes; only `--read-data` keeps the
+    // listing, sorted by id (a map of 600 k packs took 40 MB more).
+    let mut seen = vec![false; index.packs().len()];
+    let mut wrong_size: Vec<(usize, u64)> = Vec::new();
+    let mut stored: Vec<(PackId, u64)> = Vec::new();
+    for (id, size) in
+        listed.iter().filter_map(|m| layout::id_of(&m.key).map(|id| (PackId(id), m.size)))
+    {
+        report.packs += 1;
+        match index.pack_number(&id) {
+            Some(n) => {
+                seen[n] = true;
+                if index.packs()[n].size != size {
+                    wrong_size.push((n, size));
+                }
+            }
+            None => report.unindexed_packs += u64::from(index.pack_size(&id).is_none()),
+        }
+        if options.read_data {
+            stored.push((id, size));
         }
     }
-    report.unindexed_packs =
-        stored.iter().filter(|(id, _)| index.pack_size(id).is_none()).count() as u64;
+    drop(listed);
+    stored.sort_unstable();
+    wrong_size.sort_unstable();
+    let mut wrong_size = wrong_size.into_iter().peekable();
+    for (n, info) in index.packs().iter().enumerate() {
+        if !seen[n] {
+            report.problems.push(format!("pack {} named by the index is missing", info.id));
+        }
+        while let Some((_, s)) = wrong_size.next_if(|(w, _)| *w == n) {
+            report
+                .problems
+                .push(format!("pack {} is {s} bytes, the index says {}", info.id, info.size));
+        }
+    }
+    drop(seen);
     // Snapshots and trees.
     let ids = repo.snapshot_ids(cancel).await?;
     // What the snapshots reach: a bit per indexed blob, and the few ids no index holds (each
@@ -222,7 +237,10 @@ pub async fn check(
                     what: "read-data subset",
                     reason: e.to_string(),
                 })?;
-                let sized = picked.into_iter().map(|id| (id, size_of(&stored, &id).unwrap_or(0)));
+                let size_of = |id: &PackId| {
+                    stored.binary_search_by(|(p, _)| p.cmp(id)).ok().map(|n| stored[n].1)
+                };
+                let sized = picked.into_iter().map(|id| (id, size_of(&id).unwrap_or(0)));
                 sized.collect()
             }
         };

@@ -154,3 +154,63 @@ async fn a_tree_page_with_the_bytes_of_a_reached_chunk_is_still_read() -> RepoRe
     assert_eq!((report.trees, report.data_blobs), (1, 1), "{report:?}");
     Ok(())
 }
+
+#[tokio::test]
+async fn missing_resized_and_unindexed_packs_are_told_apart() -> RepoResult<()> {
+    let cancel = CancellationToken::new();
+    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    let (repo, _) = Repository::init(Arc::clone(&store), b"pw", &fast_options(), &cancel).await?;
+    for blob in [b"one".to_vec(), b"two".to_vec(), b"three".to_vec()] {
+        write_blobs(&repo, vec![blob]).await?;
+    }
+    let put = |key: ferry_store::ObjectKey, bytes: Vec<u8>| {
+        let store = Arc::clone(&store);
+        async move {
+            store
+                .put_if_absent(&key, Bytes::from(bytes), &CancellationToken::new())
+                .await
+                .map_err(|e| RepoError::store("put", &key, e))
+        }
+    };
+    let mut packs = Vec::new();
+    for id in repo.index_ids(&cancel).await? {
+        packs.extend(repo.read_index_file(id, &cancel).await?.packs);
+    }
+    packs.sort_by_key(|p| p.id);
+    assert!(packs.len() >= 3, "{} packs", packs.len());
+    let (gone, grown) = (packs[0].id, packs[2].id);
+    let delete = |key: ferry_store::ObjectKey| {
+        let store = Arc::clone(&store);
+        async move {
+            store
+                .delete(&key, &CancellationToken::new())
+                .await
+                .map_err(|e| RepoError::store("delete", &key, e))
+        }
+    };
+    delete(layout::pack(&gone)?).await?;
+    let mut bytes = store
+        .get(&layout::pack(&grown)?, &cancel)
+        .await
+        .map_err(|e| RepoError::store("get", "pack", e))?
+        .to_vec();
+    bytes.push(0);
+    delete(layout::pack(&grown)?).await?;
+    put(layout::pack(&grown)?, bytes).await?;
+    put(layout::pack(&PackId([0xab; 32]))?, b"stray".to_vec()).await?;
+    let report = check(&repo, CheckOptions::default(), None, &cancel).await?;
+    assert_eq!(
+        report.problems,
+        vec![
+            format!("pack {gone} named by the index is missing"),
+            format!(
+                "pack {grown} is {} bytes, the index says {}",
+                packs[2].size + 1,
+                packs[2].size
+            ),
+        ],
+        "in pack order"
+    );
+    assert_eq!((report.packs, report.unindexed_packs), (packs.len() as u64, 1), "{report:?}");
+    Ok(())
+}

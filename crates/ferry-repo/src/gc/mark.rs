@@ -5,11 +5,11 @@ use std::collections::HashSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
-use crate::format::{BlobId, HEADER_PADDING, ObjectKind, PackEntry, PackId, RepoFormat};
+use crate::format::{BlobId, HEADER_PADDING, ObjectKind, PackId, RepoFormat};
 use crate::gc::lease::{self, LeaseCheck};
 use crate::gc::state::{self, GcDir, GcMark, GcObject, GcWriters};
 use crate::gc::{GcOptions, MarkReport, refs, repack};
-use crate::repo::{Repository, SlotMarks, blocking, layout, unix_now};
+use crate::repo::{BlobLocation, Repository, ShortId, SlotMarks, blocking, layout, unix_now};
 
 /// What every pack holds besides its blobs and their entries: the two-byte prefix, the
 /// sealed header's envelope (47 bytes) and the four-byte trailer.
@@ -88,22 +88,13 @@ pub(crate) async fn run(
     }
     drop(live);
     if !to_repack.is_empty() {
-        let mut entries: Vec<(PackId, PackEntry)> = Vec::new();
+        let mut entries: Vec<(ShortId, BlobLocation)> = Vec::new();
         index.for_each(|slot, id, pack, loc| {
             if to_repack.contains(&pack) && reached.is_marked(slot) {
-                entries.push((
-                    loc.pack,
-                    PackEntry {
-                        id: *id,
-                        kind: loc.kind,
-                        offset: loc.offset,
-                        length: loc.length,
-                        raw_length: loc.raw_length,
-                    },
-                ));
+                entries.push((id, loc));
             }
         });
-        entries.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.offset.cmp(&b.1.offset)));
+        entries.sort_by(|a, b| a.1.pack.cmp(&b.1.pack).then(a.1.offset.cmp(&b.1.offset)));
         let copied = repack::run(repo, entries, lock, cancel).await?;
         report.repacked_packs = to_repack.len() as u64;
         report.repacked_blobs = copied.blobs;

@@ -1,5 +1,8 @@
 //! Repacking: copies the live blobs of mostly dead packs into new packs.
 //!
+//! The in-memory index keeps only the leading bytes of each blob id, so a pack to repack is
+//! read whole and its blobs' full ids come from its authenticated header: each blob to keep
+//! must be listed there at the place the index gives, with an id starting with the index's.
 //! Each blob is authenticated before it is copied (a damaged blob stops the collection
 //! rather than being spread), then copied sealed (its encryption binds only its id and kind,
 //! not its pack). The new packs are stored, then named by index files, all before the mark
@@ -9,11 +12,13 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
-use crate::format::{IndexPack, ObjectKind, PackBuilder, PackEntry, PackId, open_blob};
+use crate::format::{
+    FormatError, IndexPack, ObjectKind, PackBuilder, PackEntry, open_blob, read_pack_header,
+};
 use crate::gc::lease::LeaseCheck;
 use crate::repo::capped::{self, Limit};
 use crate::repo::writer::write_index;
-use crate::repo::{Repository, layout};
+use crate::repo::{BlobLocation, Repository, ShortId, layout};
 
 /// What repacking wrote.
 #[derive(Debug, Default)]
@@ -25,10 +30,11 @@ pub(crate) struct Copied {
 /// Packs per index file written by repacking.
 const PACKS_PER_INDEX: usize = 64;
 
-/// Copies `entries` (grouped by source pack) into new packs and indexes them.
+/// Copies the blobs `entries` locate (grouped by source pack) into new packs and indexes
+/// them.
 pub(crate) async fn run(
     repo: &Repository,
-    entries: Vec<(PackId, PackEntry)>,
+    entries: Vec<(ShortId, BlobLocation)>,
     lock: &LeaseCheck,
     cancel: &CancellationToken,
 ) -> RepoResult<Copied> {
@@ -39,19 +45,25 @@ pub(crate) async fn run(
     let mut stored: Vec<IndexPack> = Vec::new();
     let mut i = 0;
     while i < entries.len() {
-        let pack = entries[i].0;
+        let pack = entries[i].1.pack;
         let end =
-            entries[i..].iter().position(|(p, _)| *p != pack).map_or(entries.len(), |n| i + n);
+            entries[i..].iter().position(|(_, l)| l.pack != pack).map_or(entries.len(), |n| i + n);
         let key = layout::pack(&pack)?;
         let read =
             capped::read(repo.store().as_ref(), &key, Limit::PACK, "read pack to repack", cancel);
         let bytes = read.await?;
-        for (_, e) in &entries[i..end] {
+        let mut listed = read_pack_header(&repo.keys().cipher, &bytes)
+            .map_err(|err| RepoError::corrupt(format!("pack {key}"), err))?
+            .entries;
+        listed.sort_unstable_by_key(|e| e.offset);
+        for (short, loc) in &entries[i..end] {
+            let e = full_entry(&listed, short, loc)
+                .map_err(|err| RepoError::corrupt(format!("pack {key}"), err))?;
             let (start, stop) = (e.offset as usize, e.offset as usize + e.length as usize);
             let sealed = bytes.get(start..stop).ok_or_else(|| {
                 RepoError::corrupt(
                     format!("pack {key}"),
-                    crate::format::FormatError::Invalid {
+                    FormatError::Invalid {
                         what: "pack",
                         reason: format!("blob {} lies outside the pack", e.id),
                     },
@@ -86,6 +98,34 @@ pub(crate) async fn run(
     Ok(copied)
 }
 
+/// The entry of a pack's header (`listed`, sorted by offset) for the blob the index places
+/// at `loc` under `short`: at that offset, of that length and kind, with an id starting
+/// with `short`.
+fn full_entry(
+    listed: &[PackEntry],
+    short: &ShortId,
+    loc: &BlobLocation,
+) -> Result<PackEntry, FormatError> {
+    let start = listed.partition_point(|e| e.offset < loc.offset);
+    listed[start..]
+        .iter()
+        .take_while(|e| e.offset == loc.offset)
+        .find(|e| {
+            e.length == loc.length
+                && e.kind == loc.kind
+                && e.raw_length == loc.raw_length
+                && short.matches(&e.id)
+        })
+        .copied()
+        .ok_or_else(|| FormatError::Invalid {
+            what: "pack",
+            reason: format!(
+                "the index places a {} at offset {} that the pack's header does not list there",
+                loc.kind, loc.offset
+            ),
+        })
+}
+
 async fn store(
     repo: &Repository,
     builder: PackBuilder,
@@ -101,4 +141,90 @@ async fn store(
         .map_err(|e| RepoError::store("upload repacked pack", &key, e))?;
     copied.bytes += size;
     Ok(IndexPack { id: sealed.id, size, entries: sealed.entries })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use ferry_store::{MemoryStore, ObjectStore};
+
+    use super::*;
+    use crate::format::{BlobId, PackId};
+    use crate::gc::{GcLock, GcOptions};
+    use crate::repo::tests::{fast_options, write_blobs};
+
+    fn entry(id: u8, offset: u32) -> PackEntry {
+        PackEntry {
+            id: BlobId([id; 32]),
+            kind: ObjectKind::DataBlob,
+            offset,
+            length: 10,
+            raw_length: 4,
+        }
+    }
+
+    fn at(e: &PackEntry) -> BlobLocation {
+        BlobLocation {
+            pack: PackId([1; 32]),
+            offset: e.offset,
+            length: e.length,
+            raw_length: e.raw_length,
+            kind: e.kind,
+        }
+    }
+
+    #[test]
+    fn the_full_id_comes_from_the_header_entry_at_the_indexed_place() {
+        let listed = vec![entry(1, 2), entry(2, 12), entry(3, 22)];
+        for e in &listed {
+            assert_eq!(full_entry(&listed, &ShortId::of(&e.id), &at(e)).ok(), Some(*e));
+        }
+        // The index's short id names another blob than the header lists there.
+        let wrong = full_entry(&listed, &ShortId::of(&BlobId([3; 32])), &at(&listed[0]));
+        assert!(wrong.is_err());
+        // The right id at another place, length or kind.
+        let short = ShortId::of(&listed[1].id);
+        let mut moved = at(&listed[1]);
+        moved.offset = 13;
+        assert!(full_entry(&listed, &short, &moved).is_err());
+        let mut longer = at(&listed[1]);
+        longer.length = 11;
+        assert!(full_entry(&listed, &short, &longer).is_err());
+        let mut tree = at(&listed[1]);
+        tree.kind = ObjectKind::TreeBlob;
+        let err = full_entry(&listed, &short, &tree).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("does not list")), "names the problem");
+    }
+
+    #[tokio::test]
+    async fn a_blob_the_header_does_not_list_where_the_index_says_stops_the_repack()
+    -> RepoResult<()> {
+        let cancel = CancellationToken::new();
+        let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+        let (repo, _) = Repository::init(store, b"pw", &fast_options(), &cancel).await?;
+        let ids = write_blobs(&repo, vec![b"first".to_vec(), b"second".to_vec()]).await?;
+        let index = repo.index(&cancel).await?;
+        let mut places = Vec::new();
+        for id in &ids {
+            let loc = index
+                .lookup(id)
+                .ok_or(RepoError::MissingBlob { id: *id, referrer: "test".into() })?;
+            places.push((ShortId::of(id), loc));
+        }
+        places.sort_by(|a, b| a.1.pack.cmp(&b.1.pack).then(a.1.offset.cmp(&b.1.offset)));
+        let lock = GcLock::acquire(&repo, &GcOptions::default(), &cancel).await?;
+        let copied = run(&repo, places.clone(), &lock.0.checker(), &cancel).await;
+        let mut stale = places.clone();
+        stale[1].1.offset += 1;
+        let refused = run(&repo, stale, &lock.0.checker(), &cancel).await;
+        lock.0.release().await;
+        assert_eq!(copied?.blobs, 2, "the index's places are copied");
+        let err = refused.err().map(|e| (e.to_string(), matches!(e, RepoError::Corrupt { .. })));
+        assert!(
+            err.as_ref().is_some_and(|(m, corrupt)| *corrupt && m.contains("does not list")),
+            "{err:?}"
+        );
+        Ok(())
+    }
 }

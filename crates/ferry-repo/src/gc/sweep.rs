@@ -5,11 +5,11 @@ use std::collections::{HashMap, HashSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
-use crate::format::{BlobId, IndexFile, IndexId, PackEntry, PackId};
+use crate::format::{BlobId, IndexFile, IndexId, PackId};
 use crate::gc::lease::{self, LeaseCheck};
 use crate::gc::state::{self, GcDir, GcObject};
 use crate::gc::{GcOptions, SweepReport, SweepStats, compact, refs};
-use crate::repo::{BlobLocation, Repository, blocking, layout, unix_now};
+use crate::repo::{IndexBuilder, Repository, blocking, layout, unix_now};
 
 pub(crate) async fn run(
     repo: &Repository,
@@ -55,44 +55,40 @@ pub(crate) async fn run(
     // now is all that can ever reference a condemned pack.
     let index_ids = repo.index_ids(cancel).await?;
     let condemned: HashSet<PackId> = mark.condemned.iter().copied().collect();
+    let orphans: HashSet<PackId> = mark.orphans.iter().copied().collect();
+    // Which of the condemned and orphaned packs an index file lists (any file, superseded or
+    // not: such a pack is kept in the index or deleted with a compaction).
     let mut indexed: HashSet<PackId> = HashSet::new();
-    // The condemned packs' blobs, each with its pack's place in `condemned_packs` (a pack id
-    // beside every entry took 32 bytes more a blob).
-    let mut condemned_packs: Vec<PackId> = Vec::new();
-    let mut condemned_entries: Vec<(u32, PackEntry)> = Vec::new();
-    let inspect = |_: IndexId, f: &IndexFile| {
+    // The condemned packs' blobs, from every file that lists them (none superseded here: a
+    // blob a snapshot still reaches revives its pack wherever it is listed), in an index of
+    // their own beside the view that leaves them out.
+    let mut in_condemned = IndexBuilder::new(HashSet::new());
+    let inspect = |id: IndexId, f: &IndexFile| {
+        let mut listed = Vec::new();
         for p in &f.packs {
-            indexed.insert(p.id);
-            if condemned.contains(&p.id) {
-                let number = u32::try_from(condemned_packs.len()).unwrap_or(u32::MAX);
-                condemned_packs.push(p.id);
-                condemned_entries.extend(p.entries.iter().map(|e| (number, *e)));
+            if condemned.contains(&p.id) || orphans.contains(&p.id) {
+                indexed.insert(p.id);
             }
+            if condemned.contains(&p.id) {
+                listed.push(p.clone());
+            }
+        }
+        if !listed.is_empty() {
+            in_condemned.add(id, IndexFile { packs: listed, supersedes: Vec::new() });
         }
     };
     let builder =
         repo.build_index_from(index_ids.clone(), condemned.clone(), inspect, cancel).await?;
     let view = blocking(move || builder.finish()).await?;
-    condemned_entries.sort_unstable_by_key(|(_, e)| e.id);
-    let in_condemned = |id: &BlobId| -> Option<BlobLocation> {
-        let pos = condemned_entries.binary_search_by(|(_, e)| e.id.cmp(id)).ok()?;
-        let (number, e) = condemned_entries[pos];
-        Some(BlobLocation {
-            pack: *condemned_packs.get(number as usize)?,
-            offset: e.offset,
-            length: e.length,
-            raw_length: e.raw_length,
-            kind: e.kind,
-        })
-    };
+    let in_condemned = blocking(move || in_condemned.finish()).await?;
     let snapshots = repo.snapshot_ids(cancel).await?;
-    let locate = |id: &BlobId| view.lookup(id).or_else(|| in_condemned(id));
+    let locate = |id: &BlobId| view.lookup(id).or_else(|| in_condemned.lookup(id));
     let mut revived: HashSet<PackId> = HashSet::new();
     let mut revive = |id: &BlobId| {
         if view.contains(id) {
             return Ok(());
         }
-        match in_condemned(id) {
+        match in_condemned.lookup(id) {
             Some(loc) => {
                 revived.insert(loc.pack);
                 Ok(())
@@ -108,11 +104,10 @@ pub(crate) async fn run(
     };
     refs::collect(repo, &snapshots, &locate, &mut revive, cancel).await?;
     drop(view);
-    drop(condemned_entries);
-    drop(condemned_packs);
+    drop(in_condemned);
 
     let mut doomed: HashSet<PackId> = condemned.difference(&revived).copied().collect();
-    doomed.extend(mark.orphans.iter().filter(|p| !indexed.contains(*p)));
+    doomed.extend(orphans.iter().filter(|p| !indexed.contains(*p)));
     let sizes: HashMap<PackId, u64> = repo
         .store()
         .list(layout::DATA, cancel)
@@ -120,6 +115,7 @@ pub(crate) async fn run(
         .map_err(|e| RepoError::store("list", layout::DATA, e))?
         .iter()
         .filter_map(|m| layout::id_of(&m.key).map(|id| (PackId(id), m.size)))
+        .filter(|(id, _)| doomed.contains(id))
         .collect();
     let mut stats = SweepStats { revived_packs: revived.len() as u64, ..SweepStats::default() };
 

@@ -34,7 +34,7 @@ use capped::Limit;
 pub use disk_cache::CacheOptions;
 use disk_cache::{Cached, DiskCache};
 pub use index::BlobLocation;
-pub(crate) use index::{IndexBuilder, MemIndex};
+pub(crate) use index::{IndexBuilder, MemIndex, ShortId};
 pub use keys::{KeyDetails, KeyInfo};
 pub use open::OpenOptions;
 pub use password_policy::{MIN_PASSWORD_LEN, VELERO_DEFAULT_PASSWORD, weak_password_reason};

@@ -71,7 +71,7 @@ mod tests {
         let mut marked = Vec::new();
         index.for_each(|slot, id, _, _| {
             if marks.is_marked(slot) {
-                marked.push(id.0[0]);
+                marked.push(id.first());
             }
         });
         assert_eq!(marked, vec![0, 64, 129]);

@@ -443,6 +443,17 @@ async fn blobs_written_in_packs_read_back_after_reopen() -> RepoResult<()> {
         assert!(!index_files.is_empty());
         let missing = reopened.read_blob(&BlobId([0; 32]), "test", &cancel).await;
         assert!(matches!(missing, Err(RepoError::MissingBlob { .. })));
+        // An id sharing a stored blob's leading 16 bytes (all the in-memory index keeps)
+        // finds that blob's place, and its read fails authentication: an error, never the
+        // other blob's bytes. Both the loaded index and this process's additions.
+        for repo in [&reopened, &repo] {
+            for id in [ids[0], ids[39]] {
+                let mut twin = id;
+                twin.0[31] ^= 1;
+                let read = repo.read_blob(&twin, "test", &cancel).await;
+                assert!(matches!(read, Err(RepoError::Corrupt { .. })), "{read:?}");
+            }
+        }
     }
     Ok(())
 }
