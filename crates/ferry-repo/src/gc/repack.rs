@@ -13,7 +13,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
-    FormatError, IndexPack, ObjectKind, PackBuilder, PackEntry, open_blob, read_pack_header,
+    FormatError, IndexPack, ObjectKind, PackBuilder, PackEntry, SealedPack, open_blob,
+    read_pack_header,
 };
 use crate::gc::lease::LeaseCheck;
 use crate::repo::capped::{self, Limit};
@@ -133,13 +134,24 @@ async fn store(
     cancel: &CancellationToken,
 ) -> RepoResult<IndexPack> {
     let sealed = builder.finish(&repo.keys().cipher, repo.config().format);
+    let pack = put_pack(repo, sealed, "upload repacked pack", cancel).await?;
+    copied.bytes += pack.size;
+    Ok(pack)
+}
+
+/// Stores a sealed pack (`what`: the step, for the error) and returns its index listing.
+pub(super) async fn put_pack(
+    repo: &Repository,
+    sealed: SealedPack,
+    what: &'static str,
+    cancel: &CancellationToken,
+) -> RepoResult<IndexPack> {
     let key = layout::pack(&sealed.id)?;
     let size = sealed.bytes.len() as u64;
     repo.store()
         .put_if_absent(&key, Bytes::from(sealed.bytes), cancel)
         .await
-        .map_err(|e| RepoError::store("upload repacked pack", &key, e))?;
-    copied.bytes += size;
+        .map_err(|e| RepoError::store(what, &key, e))?;
     Ok(IndexPack { id: sealed.id, size, entries: sealed.entries })
 }
 

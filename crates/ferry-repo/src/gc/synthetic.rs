@@ -1,17 +1,17 @@
 //! A synthetic repository of many tiny chunks, for measuring garbage collection at scale
 //! (the `gc_memory` example). Not for production use.
 
-use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{RepoError, RepoResult};
+use crate::error::RepoResult;
 use crate::format::{
     BlobId, ChunkRef, FileContent, IndexPack, Metadata, Node, NodeBody, ObjectKind, PackBuilder,
-    SealedPack, Snapshot, SnapshotId, Summary, Timestamp, TreePage,
+    Snapshot, SnapshotId, Summary, Timestamp, TreePage,
 };
+use crate::gc::repack::put_pack;
+use crate::repo::Repository;
 use crate::repo::writer::write_index;
-use crate::repo::{Repository, layout};
 
 /// Blobs per synthetic pack (as many 1 MiB chunks as a 16 MiB pack holds).
 const BLOBS_PER_PACK: u32 = 16;
@@ -53,7 +53,7 @@ pub async fn populate(
         if sealed_packs.len() == PACKS_PER_INDEX || (n + 1 == total && !sealed_packs.is_empty()) {
             // Stored several at once: a file store syncs each object.
             let stored: Vec<IndexPack> = futures::stream::iter(std::mem::take(&mut sealed_packs))
-                .map(|sealed| store(repo, sealed, cancel))
+                .map(|sealed| put_pack(repo, sealed, "upload pack", cancel))
                 .buffer_unordered(PUTS_AT_ONCE)
                 .try_collect()
                 .await?;
@@ -108,7 +108,7 @@ pub async fn populate(
             // Tree packs are sealed at the target size, as a backup's are.
             if tree.size() >= target || (f + 1 == last && !tree.is_empty()) {
                 let sealed = std::mem::take(&mut tree).finish(&keys.cipher, repo.config().format);
-                indexed.push(store(repo, sealed, cancel).await?);
+                indexed.push(put_pack(repo, sealed, "upload pack", cancel).await?);
             }
         }
         write_index(repo, std::mem::take(&mut indexed), cancel).await?;
@@ -132,19 +132,4 @@ pub async fn populate(
         out.push(repo.save_snapshot(&snapshot, cancel).await?);
     }
     Ok(out)
-}
-
-/// Stores a sealed pack; what the index is to say of it.
-async fn store(
-    repo: &Repository,
-    sealed: SealedPack,
-    cancel: &CancellationToken,
-) -> RepoResult<IndexPack> {
-    let key = layout::pack(&sealed.id)?;
-    let size = sealed.bytes.len() as u64;
-    repo.store()
-        .put_if_absent(&key, Bytes::from(sealed.bytes), cancel)
-        .await
-        .map_err(|e| RepoError::store("upload pack", &key, e))?;
-    Ok(IndexPack { id: sealed.id, size, entries: sealed.entries })
 }
