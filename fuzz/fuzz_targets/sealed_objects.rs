@@ -1,5 +1,5 @@
 //! Every encrypted stored object as it comes from storage: envelope, pack trailer and header,
-//! config, index, snapshot and blob decoders under a fixed key.
+//! config, index, snapshot, blob and frame decoders under a fixed key.
 #![no_main]
 use std::sync::LazyLock;
 
@@ -16,4 +16,5 @@ fuzz_target!(|data: &[u8]| {
     let _ = format::IndexFile::decode(&keys.cipher, data);
     let _ = format::Snapshot::decode(&keys.cipher, data);
     let _ = format::open_blob(keys, &BlobId([0; 32]), ObjectKind::DataBlob, data);
+    let _ = format::Frame::open(keys, data);
 });

@@ -12,6 +12,11 @@
 //!
 //! `cargo run -p ferry-repo --example broken_fixtures -- --good-v2 crates/ferry/tests/fixtures/repos/good-v2`
 //!
+//! `--good-v3 DIR` writes the good format 3 repository (`good-v3`) the same way: its small
+//! file and the text file's chunks (all under 128 KiB) are stored in frames.
+//!
+//! `cargo run -p ferry-repo --example broken_fixtures -- --good-v3 crates/ferry/tests/fixtures/repos/good-v3`
+//!
 //! The password is `ferry-fixture-password`; the key file uses low argon2 costs so the tests
 //! open it quickly (the costs are recorded in the key file, as for any repository).
 
@@ -157,24 +162,28 @@ const BROKEN: &[(&str, Breaker)] = &[
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let usage = "usage: broken_fixtures OUT_DIR | broken_fixtures --good-v2 DIR";
+    let usage = "usage: broken_fixtures OUT_DIR | broken_fixtures --good-v2 DIR | broken_fixtures --good-v3 DIR";
     let args: Vec<String> = std::env::args().skip(1).collect();
     let fast = InitOptions { kdf: KdfParams::insecure_for_tests(), ..InitOptions::default() };
     if let [flag, dir] = &args[..]
-        && flag == "--good-v2"
+        && let Some(format) = match flag.as_str() {
+            "--good-v2" => Some(RepoFormat::V2),
+            "--good-v3" => Some(RepoFormat::V3),
+            _ => None,
+        }
     {
         let dir = PathBuf::from(dir);
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
         }
         let chunker = ChunkerParams { min_size: 4 << 10, avg_size: 16 << 10, max_size: 64 << 10 };
-        write_good(&dir, &InitOptions { format: RepoFormat::V2, chunker, ..fast }).await?;
-        println!("good-v2");
+        write_good(&dir, &InitOptions { format, chunker, ..fast }).await?;
+        println!("good-v{format}");
         return Ok(());
     }
     let [out] = &args[..] else { return Err(usage.into()) };
     let out = PathBuf::from(out);
-    // Only what this mode writes is replaced (`good-v2` stays).
+    // Only what this mode writes is replaced (`good-v2` and `good-v3` stay).
     for name in std::iter::once("good").chain(BROKEN.iter().map(|(name, _)| *name)) {
         if out.join(name).exists() {
             std::fs::remove_dir_all(out.join(name))?;

@@ -166,6 +166,14 @@ fn good_format_2_repository_reads_back_bit_for_bit() {
     reads_back_bit_for_bit_and_cuts_as_it_did(case);
 }
 
+#[test]
+fn good_format_3_repository_reads_back_bit_for_bit() {
+    let case = Case::new("good-v3");
+    let config = std::fs::read(case.root().join("repo/config")).expect("config");
+    assert_eq!(config[0], 3, "the fixture is a format 3 repository");
+    reads_back_bit_for_bit_and_cuts_as_it_did(case);
+}
+
 /// Both snapshots listed, `check --read-data` clean, both restored exactly; and the source
 /// backed up again stores no new data: this build cuts it where the fixture's build did.
 fn reads_back_bit_for_bit_and_cuts_as_it_did(case: Case) {

@@ -670,8 +670,8 @@ fn stats_count_snapshots_unique_content_and_the_space_they_take() {
     let text = ok(&ferry(&[], &["stats", "--repo", &repo]));
     assert!(text.starts_with("snapshots  2 (2 trees, 0 volumes)"), "{text}");
     assert!(text.contains("smaller than what was backed up"), "{text}");
-    assert_eq!(n("format"), 2, "a new repository is format 2: {stats}");
-    assert!(text.ends_with("format     2\n"), "{text}");
+    assert_eq!(n("format"), 3, "a new repository is format 3: {stats}");
+    assert!(text.ends_with("format     3\n"), "{text}");
 }
 
 /// A user (not root) restores over an earlier restore of a tree with a read-only directory:

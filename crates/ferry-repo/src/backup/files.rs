@@ -92,7 +92,7 @@ impl<'a> FileWorker<'a> {
             // The tree builder may have stopped (cancellation); nothing to do then.
             let _ = job.reply.send(outcome);
         }
-        Ok(())
+        self.packer.finish()
     }
 
     fn read_file(&mut self, job: &FileJob) -> Result<FileContent, ReadError> {

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
-    BlobId, NodeBody, ObjectKind, PackEntry, PackId, content_address, open_blob, read_pack_header,
+    BlobId, BlobOpener, NodeBody, PackEntry, PackId, content_address, read_pack_header,
 };
 use crate::progress::{Counters, ProgressFn, Ticker};
 use crate::repo::capped::{self, Limit};
@@ -357,11 +357,12 @@ async fn verify_pack(
                 return (problems, None);
             }
         };
+        let mut opener = BlobOpener::default();
         for e in &header.entries {
             let sealed = &bytes[e.offset as usize..(e.offset + e.length) as usize];
-            if let Err(err) = open_blob(&keys, &e.id, e.kind, sealed) {
-                let kind = if e.kind == ObjectKind::TreeBlob { "tree blob" } else { "data blob" };
-                problems.push(format!("{kind} {} in pack {key}: {err}", e.id));
+            let kind = (e.kind, e.raw_length);
+            if let Err(err) = opener.open(&keys, &e.id, kind, (id, e.offset), sealed) {
+                problems.push(format!("{} {} in pack {key}: {err}", e.kind, e.id));
             }
         }
         (problems, Some(header.entries))

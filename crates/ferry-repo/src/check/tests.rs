@@ -3,8 +3,8 @@ use ferry_store::{MemoryStore, ObjectStore};
 
 use super::*;
 use crate::format::{
-    ChunkRef, FileContent, IndexFile, IndexId, IndexPack, Metadata, Node, Snapshot, Summary,
-    Timestamp,
+    ChunkRef, FileContent, IndexFile, IndexId, IndexPack, Metadata, Node, ObjectKind, Snapshot,
+    Summary, Timestamp,
 };
 use crate::repo::tests::{fast_options, write_blobs};
 

@@ -117,7 +117,7 @@ impl Chunker {
     ) -> Result<Self, FormatError> {
         match format {
             RepoFormat::V1 => Self::new(params, keys.gear()),
-            RepoFormat::V2 => Self::prf(params, keys.prf_cut()),
+            RepoFormat::V2 | RepoFormat::V3 => Self::prf(params, keys.prf_cut()),
         }
     }
 

@@ -9,7 +9,7 @@ use crate::format::{
 
 /// A repository's format version, the first byte of its `config`: how data is chunked and how
 /// packs are laid out. A repository keeps the format it was created with; this build reads and
-/// writes both.
+/// writes all three.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum RepoFormat {
     /// Format 1: FastCDC cutting on a keyed Gear hash; pack headers of their exact length.
@@ -17,8 +17,11 @@ pub enum RepoFormat {
     /// Format 2: cuts decided by a PRF of a keyed rolling hash ([`crate::format::PrfCut`]);
     /// data packs' headers padded to [`crate::format::HEADER_PADDING`] so a pack's header
     /// tells its blob count only to within about 93.
-    #[default]
     V2,
+    /// Format 3: format 2, and data blobs smaller than [`crate::format::FRAMED_MAX`] stored
+    /// together in frames ([`crate::format::frame`]) compressed and sealed as one.
+    #[default]
+    V3,
 }
 
 impl RepoFormat {
@@ -28,16 +31,24 @@ impl RepoFormat {
         match self {
             Self::V1 => 1,
             Self::V2 => 2,
+            Self::V3 => 3,
         }
     }
 
+    /// Whether small data blobs are stored in frames (format 3).
+    #[must_use]
+    pub fn frames(self) -> bool {
+        self >= Self::V3
+    }
+
     /// Every format this build reads, by version byte.
-    const BYTES: [u8; 2] = [1, 2];
+    const BYTES: [u8; 3] = [1, 2, 3];
 
     fn from_byte(byte: u8) -> Result<Self, FormatError> {
         match byte {
             1 => Ok(Self::V1),
             2 => Ok(Self::V2),
+            3 => Ok(Self::V3),
             found => Err(FormatError::Version { found }),
         }
     }
@@ -155,8 +166,8 @@ mod tests {
         relabelled[0] = 2;
         assert!(matches!(Config::decode(&c, &relabelled), Err(FormatError::Authentication)));
         let mut unknown = bytes.clone();
-        unknown[0] = 3;
-        assert!(matches!(Config::decode(&c, &unknown), Err(FormatError::Version { found: 3 })));
+        unknown[0] = 4;
+        assert!(matches!(Config::decode(&c, &unknown), Err(FormatError::Version { found: 4 })));
         assert!(matches!(
             Config::decode(&Cipher::new(&[2; 32]), &bytes),
             Err(FormatError::Authentication)

@@ -61,7 +61,8 @@ impl IndexFile {
             let end = usize::try_from(pack.size).unwrap_or(usize::MAX);
             for e in &pack.entries {
                 let inside = (e.offset as u64 + e.length as u64) <= pack.size && e.offset >= 2;
-                if !e.kind.is_blob() || !inside {
+                let raw_ok = e.raw_length as usize <= crate::format::MAX_PLAINTEXT;
+                if !e.kind.is_blob() || !inside || !raw_ok {
                     return Err(FormatError::Invalid {
                         what: "index",
                         reason: format!(
@@ -83,10 +84,12 @@ mod tests {
     use proptest::prelude::*;
 
     fn entry() -> impl Strategy<Value = IndexEntry> {
-        (any::<[u8; 32]>(), any::<bool>(), 2u32..1000, 40u32..1000, any::<u32>()).prop_map(
-            |(id, tree, offset, length, raw)| IndexEntry {
+        let kinds = [ObjectKind::DataBlob, ObjectKind::TreeBlob, ObjectKind::FramedData];
+        let raw = 0..=crate::format::MAX_PLAINTEXT as u32;
+        (any::<[u8; 32]>(), 0usize..3, 2u32..1000, 40u32..1000, raw).prop_map(
+            move |(id, kind, offset, length, raw)| IndexEntry {
                 id: BlobId(id),
-                kind: if tree { ObjectKind::TreeBlob } else { ObjectKind::DataBlob },
+                kind: kinds[kind],
                 offset,
                 length,
                 raw_length: raw,
@@ -130,5 +133,11 @@ mod tests {
         };
         let c = Cipher::new(&[2; 32]);
         assert!(IndexFile::decode(&c, &file.encode(&c)).is_err());
+        // A raw length no blob may have (it would also reach the in-memory kind bits).
+        let mut huge = file.clone();
+        huge.packs[0].entries[0].offset = 2;
+        assert!(IndexFile::decode(&c, &huge.encode(&c)).is_ok());
+        huge.packs[0].entries[0].raw_length = crate::format::MAX_PLAINTEXT as u32 + 1;
+        assert!(IndexFile::decode(&c, &huge.encode(&c)).is_err());
     }
 }

@@ -9,6 +9,7 @@ mod chunker;
 mod compress;
 mod config;
 mod crypto;
+pub mod frame;
 mod ids;
 mod index_file;
 mod keys;
@@ -22,6 +23,7 @@ pub use chunker::{Chunker, ChunkerParams};
 pub use compress::{Compression, DEFAULT_DATA_LEVEL};
 pub use config::{Config, PackParams, RepoFormat};
 pub use crypto::{Cipher, NONCE_LEN, TAG_LEN};
+pub use frame::{BlobOpener, FRAMED_MAX, Frame, FrameBuilder};
 pub(crate) use ids::content_address;
 pub use ids::{BlobId, IndexId, KeyId, PackId, SnapshotId};
 pub use index_file::{IndexEntry, IndexFile, IndexPack};
@@ -30,8 +32,8 @@ pub use keys::{
     PasswordSeal, RepoKeys,
 };
 pub use pack::{
-    HEADER_PADDING, PackBuilder, PackEntry, PackHeader, SealScratch, SealedPack, header_length,
-    open_blob, read_pack_header,
+    ENTRY_BYTES as PACK_ENTRY_BYTES, HEADER_PADDING, PackBuilder, PackEntry, PackHeader,
+    SealScratch, SealedPack, header_length, open_blob, read_pack_header,
 };
 pub use prf_cut::{PrfCut, WINDOW as PRF_CUT_WINDOW};
 pub use snapshot::{Snapshot, SnapshotKind, Summary};
@@ -70,6 +72,10 @@ pub enum ObjectKind {
     Snapshot = 8,
     /// `gc/mark-<id>`, `gc/writers-<id>`: garbage-collection state.
     GcState = 9,
+    /// A data blob stored in a frame with other small data blobs (format 3): its pack entry
+    /// gives the frame's place, and the frame is sealed as one object of this kind
+    /// ([`frame`]).
+    FramedData = 10,
 }
 
 impl ObjectKind {
@@ -88,6 +94,7 @@ impl ObjectKind {
             7 => Self::Index,
             8 => Self::Snapshot,
             9 => Self::GcState,
+            10 => Self::FramedData,
             other => return Err(FormatError::UnknownKind { found: other }),
         })
     }
@@ -95,7 +102,13 @@ impl ObjectKind {
     /// Whether this is a kind of blob stored inside packs.
     #[must_use]
     pub fn is_blob(self) -> bool {
-        matches!(self, Self::DataBlob | Self::TreeBlob)
+        matches!(self, Self::DataBlob | Self::TreeBlob | Self::FramedData)
+    }
+
+    /// Whether this is a kind of data blob (alone or in a frame).
+    #[must_use]
+    pub fn is_data(self) -> bool {
+        matches!(self, Self::DataBlob | Self::FramedData)
     }
 }
 
@@ -111,6 +124,7 @@ impl std::fmt::Display for ObjectKind {
             Self::Index => "index",
             Self::Snapshot => "snapshot",
             Self::GcState => "gc state",
+            Self::FramedData => "framed data blob",
         };
         f.write_str(name)
     }
@@ -327,4 +341,32 @@ pub(crate) fn encode_body<T: serde::Serialize>(value: &T) -> Vec<u8> {
     // growable Vec has no failure path in postcard.
     #[allow(clippy::expect_used)]
     postcard::to_allocvec(value).expect("postcard encoding into a Vec cannot fail")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In postcard bodies (pack headers, index files) a kind is its variant's index, not its
+    /// byte: a variant inserted before another would change every stored entry's meaning.
+    #[test]
+    fn kinds_keep_their_place_in_bodies_and_their_byte() {
+        let kinds = [
+            ObjectKind::Config,
+            ObjectKind::KeyFile,
+            ObjectKind::Pack,
+            ObjectKind::PackHeader,
+            ObjectKind::DataBlob,
+            ObjectKind::TreeBlob,
+            ObjectKind::Index,
+            ObjectKind::Snapshot,
+            ObjectKind::GcState,
+            ObjectKind::FramedData,
+        ];
+        for (index, kind) in kinds.iter().enumerate() {
+            assert_eq!(encode_body(kind), vec![index as u8], "{kind}");
+            assert_eq!(ObjectKind::from_byte(*kind as u8).ok(), Some(*kind));
+            assert_eq!(*kind as usize, index + 1, "{kind}");
+        }
+    }
 }

@@ -19,21 +19,25 @@
 use serde::{Deserialize, Serialize};
 
 use crate::format::{
-    BlobId, Cipher, FORMAT_VERSION, FormatError, MAX_PLAINTEXT, NONCE_LEN, ObjectKind, PackId,
-    RepoFormat, RepoKeys, TAG_LEN, associated_data, compress, content_address, decode_padded,
-    encode_body, open_object, seal_object, seal_object_as,
+    BlobId, Cipher, FORMAT_VERSION, FormatError, FrameBuilder, MAX_PLAINTEXT, NONCE_LEN,
+    ObjectKind, PackId, RepoFormat, RepoKeys, TAG_LEN, associated_data, compress, content_address,
+    decode_padded, encode_body, open_object, seal_object, seal_object_as,
 };
 
 /// Format 2 pads a data pack's header plaintext to a multiple of this many bytes (about 93
 /// entries of about 44 bytes; a full pack of 1 MiB chunks has 16): 0.025 % of a 16 MiB pack.
 pub const HEADER_PADDING: usize = 4 << 10;
 
+/// A header entry's largest encoding: a 32-byte id, a kind, three varint u32s (5 bytes each).
+pub const ENTRY_BYTES: usize = 32 + 1 + 3 * 5;
+
 /// Where one blob sits in its pack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PackEntry {
     /// The blob.
     pub id: BlobId,
-    /// [`ObjectKind::DataBlob`] or [`ObjectKind::TreeBlob`].
+    /// [`ObjectKind::DataBlob`], [`ObjectKind::TreeBlob`] or (format 3) [`ObjectKind::FramedData`]
+    /// for a data blob in a frame, whose offset and length are then the frame's.
     pub kind: ObjectKind,
     /// Byte offset of the sealed blob in the pack.
     pub offset: u32,
@@ -151,10 +155,53 @@ impl PackBuilder {
         u32::try_from(length).unwrap_or(u32::MAX)
     }
 
+    /// Compresses (at `level`) and encrypts the blobs of `frame` as one frame and appends it,
+    /// an entry per blob (kind [`ObjectKind::FramedData`], the frame's place); leaves `frame`
+    /// empty. `plain` is scratch space.
+    pub fn seal_frame(
+        &mut self,
+        keys: &RepoKeys,
+        level: i32,
+        frame: &mut FrameBuilder,
+        plain: &mut Vec<u8>,
+    ) {
+        if frame.is_empty() {
+            return;
+        }
+        let offset = self.buf.len();
+        let blobs = frame.seal_into(keys, level, plain, &mut self.buf);
+        self.push_frame_entries(offset, &blobs);
+    }
+
+    /// Appends a frame sealed elsewhere ([`FrameBuilder::seal_into`]) holding `blobs`.
+    pub fn push_frame(&mut self, sealed: &[u8], blobs: &[(BlobId, u32)]) {
+        let offset = self.buf.len();
+        self.buf.extend_from_slice(sealed);
+        self.push_frame_entries(offset, blobs);
+    }
+
+    fn push_frame_entries(&mut self, offset: usize, blobs: &[(BlobId, u32)]) {
+        let length = u32::try_from(self.buf.len() - offset).unwrap_or(u32::MAX);
+        let offset = u32::try_from(offset).unwrap_or(u32::MAX);
+        for (id, raw_length) in blobs {
+            let kind = ObjectKind::FramedData;
+            self.entries.push(PackEntry { id: *id, kind, offset, length, raw_length: *raw_length });
+            self.raw_bytes += u64::from(*raw_length);
+        }
+    }
+
     /// Bytes written so far.
     #[must_use]
     pub fn size(&self) -> usize {
         self.buf.len()
+    }
+
+    /// What the pack will take once sealed, about: its bytes so far and a header entry per
+    /// blob (which matters for packs of frames of tiny blobs). A writer seals a pack once this
+    /// reaches its target.
+    #[must_use]
+    pub fn filled(&self) -> usize {
+        self.buf.len() + self.entries.len() * ENTRY_BYTES
     }
 
     /// Whether no blob was added.
@@ -184,11 +231,11 @@ impl PackBuilder {
     /// pack's padded in format 2) and the trailer, names it.
     #[must_use]
     pub fn finish(mut self, cipher: &Cipher, format: RepoFormat) -> SealedPack {
-        let data = self.entries.first().is_some_and(|e| e.kind == ObjectKind::DataBlob);
+        let data = self.entries.first().is_some_and(|e| e.kind.is_data());
         let header = PackHeader { entries: self.entries };
         let mut body = encode_body(&header);
         let sealed = match format {
-            RepoFormat::V2 if data => {
+            RepoFormat::V2 | RepoFormat::V3 if data => {
                 body.resize(body.len().next_multiple_of(HEADER_PADDING).max(HEADER_PADDING), 0);
                 seal_object_as(cipher, FORMAT_VERSION, 0, ObjectKind::PackHeader, &[], &body)
             }
@@ -283,17 +330,22 @@ pub fn read_pack_header(cipher: &Cipher, pack: &[u8]) -> Result<PackHeader, Form
 }
 
 impl PackHeader {
-    /// Checks that entries are blobs, in order, inside `2..blob_end` and do not overlap.
+    /// Checks that entries are blobs, in order, inside `2..blob_end` and do not overlap
+    /// (the blobs of one frame, one after another, all give the frame's place).
     ///
     /// # Errors
     /// [`FormatError::Invalid`].
     pub fn validate(&self, blob_end: usize) -> Result<(), FormatError> {
         let mut next = 2usize;
+        let mut frame = None;
         for e in &self.entries {
             let start = e.offset as usize;
             let end = start + e.length as usize;
+            let framed = e.kind == ObjectKind::FramedData;
+            let same_frame = framed && frame == Some((e.offset, e.length));
+            frame = framed.then_some((e.offset, e.length));
             let bad = !e.kind.is_blob()
-                || start < next
+                || (start < next && !same_frame)
                 || end > blob_end
                 || (e.length as usize) < NONCE_LEN + TAG_LEN
                 || e.raw_length as usize > MAX_PLAINTEXT;
@@ -452,6 +504,65 @@ mod tests {
         for pack in [one, many] {
             let header = read_pack_header(&k.cipher, &pack.bytes).map_err(|e| e.to_string());
             assert_eq!(header.map(|h| h.entries), Ok(pack.entries));
+        }
+    }
+
+    /// The entries of one frame may share its place; nothing else may overlap.
+    #[test]
+    fn only_a_frames_own_entries_share_a_place() {
+        let entry = |n: u8, kind, offset, length| PackEntry {
+            id: BlobId([n; 32]),
+            kind,
+            offset,
+            length,
+            raw_length: 10,
+        };
+        let (frame, data) = (ObjectKind::FramedData, ObjectKind::DataBlob);
+        let valid = |entries: Vec<PackEntry>| PackHeader { entries }.validate(1000).is_ok();
+        // A frame of three blobs, then a blob alone, then another frame.
+        assert!(valid(vec![
+            entry(1, frame, 2, 100),
+            entry(2, frame, 2, 100),
+            entry(3, frame, 2, 100),
+            entry(4, data, 102, 50),
+            entry(5, frame, 152, 60),
+            entry(6, frame, 152, 60),
+        ]));
+        // A blob alone at a frame's place; a frame's entries of two lengths; a frame listed
+        // again after another entry; two blobs alone at one place.
+        assert!(!valid(vec![entry(1, frame, 2, 100), entry(2, data, 2, 100)]));
+        assert!(!valid(vec![entry(1, data, 2, 100), entry(2, frame, 2, 100)]));
+        assert!(!valid(vec![entry(1, frame, 2, 100), entry(2, frame, 2, 90)]));
+        assert!(!valid(vec![
+            entry(1, frame, 2, 100),
+            entry(2, data, 102, 50),
+            entry(3, frame, 2, 100),
+        ]));
+        assert!(!valid(vec![entry(1, data, 2, 100), entry(2, data, 2, 100)]));
+    }
+
+    #[test]
+    fn a_sealed_frame_reads_back_from_its_pack() {
+        let k = keys();
+        let mut frame = FrameBuilder::default();
+        let blobs: Vec<Vec<u8>> = (0..5u8).map(|i| vec![i; 300 + usize::from(i)]).collect();
+        for blob in &blobs {
+            frame.push(k.blob_id(blob), blob);
+        }
+        let mut b = PackBuilder::new();
+        b.add(&k, k.blob_id(b"alone"), ObjectKind::DataBlob, 3, b"alone");
+        b.seal_frame(&k, 3, &mut frame, &mut Vec::new());
+        b.seal_frame(&k, 3, &mut frame, &mut Vec::new());
+        assert_eq!(b.entries().len(), 6, "an empty frame adds nothing");
+        let sealed = b.finish(&k.cipher, RepoFormat::V3);
+        let header = read_pack_header(&k.cipher, &sealed.bytes).map_err(|e| e.to_string());
+        assert_eq!(header.as_ref().map(|h| h.entries.len()), Ok(6));
+        let mut opener = crate::format::BlobOpener::default();
+        for (e, blob) in sealed.entries[1..].iter().zip(&blobs) {
+            assert_eq!(e.kind, ObjectKind::FramedData);
+            let bytes = &sealed.bytes[e.offset as usize..(e.offset + e.length) as usize];
+            let raw = opener.open(&k, &e.id, (e.kind, e.raw_length), (sealed.id, e.offset), bytes);
+            assert_eq!(raw.map(|r| r.into_owned()).ok().as_ref(), Some(blob));
         }
     }
 

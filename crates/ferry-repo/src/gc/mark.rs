@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
-use crate::format::{BlobId, HEADER_PADDING, ObjectKind, PackId, RepoFormat};
+use crate::format::{BlobId, HEADER_PADDING, PACK_ENTRY_BYTES, PackId, RepoFormat};
 use crate::gc::lease::{self, LeaseCheck};
 use crate::gc::state::{self, GcDir, GcMark, GcObject, GcWriters};
 use crate::gc::{GcOptions, MarkReport, refs, repack};
@@ -14,8 +14,6 @@ use crate::repo::{BlobLocation, Repository, ShortId, SlotMarks, blocking, layout
 /// What every pack holds besides its blobs and their entries: the two-byte prefix, the
 /// sealed header's envelope (47 bytes) and the four-byte trailer.
 const PACK_OVERHEAD: u64 = 2 + 47 + 4;
-/// A header entry's largest encoding (a 32-byte id, a kind, three varint u32s).
-const PACK_ENTRY_BYTES: u64 = 48;
 
 pub(crate) async fn run(
     repo: &Repository,
@@ -56,25 +54,28 @@ pub(crate) async fn run(
     // for its header alone, again and again.
     let packs = index.packs();
     report.packs = packs.len() as u64;
+    // A blob in a frame counts for its share of the frame by raw length.
     let mut live = vec![(0u64, 0u32, false); packs.len()];
+    let frames = index.frame_totals();
     index.for_each(|slot, _, pack, loc| {
-        live[pack].2 |= loc.kind == ObjectKind::DataBlob;
+        live[pack].2 |= loc.kind.is_data();
         if reached.is_marked(slot) {
-            live[pack].0 += u64::from(loc.length);
+            live[pack].0 += frames.stored(pack, &loc);
             live[pack].1 += 1;
         }
     });
+    drop(frames);
     // Format 2 pads data packs' headers (not tree packs').
     let padding = match repo.config().format {
         RepoFormat::V1 => 0,
-        RepoFormat::V2 => HEADER_PADDING as u64,
+        RepoFormat::V2 | RepoFormat::V3 => HEADER_PADDING as u64,
     };
     let mut condemned = Vec::new();
     let mut to_repack: HashSet<usize> = HashSet::new();
     for (n, info) in packs.iter().enumerate() {
         let (live_bytes, live_blobs, data) = live[n];
         let overhead = PACK_OVERHEAD
-            + PACK_ENTRY_BYTES * u64::from(live_blobs)
+            + PACK_ENTRY_BYTES as u64 * u64::from(live_blobs)
             + if data { padding } else { 0 };
         let dead = info.size.saturating_sub(live_bytes + overhead);
         if live_blobs == 0 {

@@ -5,20 +5,21 @@
 //! must be listed there at the place the index gives, with an id starting with the index's.
 //! Each blob is authenticated before it is copied (a damaged blob stops the collection
 //! rather than being spread), then copied sealed (its encryption binds only its id and kind,
-//! not its pack). The new packs are stored, then named by index files, all before the mark
-//! that condemns the old packs is written.
+//! not its pack); the live blobs of a frame go into a new frame, the dead ones are left. The
+//! new packs are stored, then named by index files, all before the mark that condemns the
+//! old packs is written.
 
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
-    FormatError, IndexPack, ObjectKind, PackBuilder, PackEntry, SealedPack, open_blob,
-    read_pack_header,
+    BlobOpener, DEFAULT_DATA_LEVEL, FormatError, FrameBuilder, IndexPack, ObjectKind, PackBuilder,
+    PackEntry, SealedPack, read_pack_header,
 };
 use crate::gc::lease::LeaseCheck;
 use crate::repo::capped::{self, Limit};
-use crate::repo::writer::write_index;
+use crate::repo::writer::{CHECKPOINT_BLOBS, write_index};
 use crate::repo::{BlobLocation, Repository, ShortId, layout};
 
 /// What repacking wrote.
@@ -44,6 +45,8 @@ pub(crate) async fn run(
     let mut data = PackBuilder::new();
     let mut tree = PackBuilder::new();
     let mut stored: Vec<IndexPack> = Vec::new();
+    let (mut frame, mut plain, mut opener) =
+        (FrameBuilder::default(), Vec::new(), BlobOpener::default());
     let mut i = 0;
     while i < entries.len() {
         let pack = entries[i].1.pack;
@@ -70,22 +73,38 @@ pub(crate) async fn run(
                     },
                 )
             })?;
-            open_blob(repo.keys(), &e.id, e.kind, sealed).map_err(|err| {
-                RepoError::corrupt(format!("{} {} in pack {key}", e.kind, e.id), err)
-            })?;
-            let builder = if e.kind == ObjectKind::TreeBlob { &mut tree } else { &mut data };
-            builder.push_sealed(e.id, e.kind, sealed, e.raw_length as usize);
+            let opened = opener
+                .open(repo.keys(), &e.id, (e.kind, e.raw_length), (pack, e.offset), sealed)
+                .map_err(|err| {
+                    RepoError::corrupt(format!("{} {} in pack {key}", e.kind, e.id), err)
+                })?;
             copied.blobs += 1;
-            if builder.size() >= target {
-                let full = std::mem::take(builder);
-                stored.push(store(repo, full, &mut copied, cancel).await?);
+            if e.kind == ObjectKind::FramedData {
+                // Into a new frame: a frame is copied blob by blob, only its live ones.
+                frame.push(e.id, &opened);
+                if frame.is_full() {
+                    data.seal_frame(repo.keys(), DEFAULT_DATA_LEVEL, &mut frame, &mut plain);
+                }
+            } else {
+                let builder = if e.kind == ObjectKind::TreeBlob { &mut tree } else { &mut data };
+                builder.push_sealed(e.id, e.kind, sealed, e.raw_length as usize);
+            }
+            for builder in [&mut data, &mut tree] {
+                if builder.filled() >= target {
+                    let full = std::mem::take(builder);
+                    stored.push(store(repo, full, &mut copied, cancel).await?);
+                }
             }
         }
-        if stored.len() >= PACKS_PER_INDEX {
+        let blobs: usize = stored.iter().map(|p| p.entries.len()).sum();
+        if stored.len() >= PACKS_PER_INDEX || blobs >= CHECKPOINT_BLOBS {
             lock.check()?;
             write_index(repo, std::mem::take(&mut stored), cancel).await?;
         }
         i = end;
+    }
+    if !frame.is_empty() {
+        data.seal_frame(repo.keys(), DEFAULT_DATA_LEVEL, &mut frame, &mut plain);
     }
     for builder in [data, tree] {
         if !builder.is_empty() {

@@ -2,7 +2,7 @@
 //!
 //! Loaded entries sit in one vector sorted by blob id, 32 bytes each: the id's leading 16
 //! bytes ([`ShortId`]), pack number, offset, sealed length, raw length with the blob kind in
-//! its top bit; plus one 40-byte record per pack, sorted by pack id (a pack's number is its
+//! its top two bits (tree, framed); plus one 40-byte record per pack, sorted by pack id (a pack's number is its
 //! place). A repository of 10 M chunks therefore needs about 320 MB. Lookups go through a
 //! table of id prefixes (see [`Fanout`]) with no locking. Blobs added by this process sit in
 //! 256 shards by the id's first byte until the next reload, each a sorted vector (32 bytes a
@@ -22,7 +22,10 @@ use std::sync::RwLock;
 
 use crate::format::{BlobId, IndexFile, IndexId, ObjectKind, PackId};
 
+/// In a slot's raw length: a tree blob.
 const TREE_BIT: u32 = 1 << 31;
+/// In a slot's raw length: a data blob in a frame (raw lengths stay below 2^29).
+const FRAME_BIT: u32 = 1 << 30;
 
 /// The leading 16 bytes of a blob id: what the in-memory index keeps of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -54,13 +57,13 @@ impl ShortId {
 pub struct BlobLocation {
     /// The pack holding it.
     pub pack: PackId,
-    /// Offset of the sealed blob in the pack.
+    /// Offset of the sealed blob (for a blob in a frame, of the frame) in the pack.
     pub offset: u32,
-    /// Sealed length.
+    /// Sealed length (of the frame, for a blob in one).
     pub length: u32,
-    /// Plaintext length.
+    /// Plaintext length (of the blob).
     pub raw_length: u32,
-    /// Data or tree.
+    /// Data, tree, or data in a frame.
     pub kind: ObjectKind,
 }
 
@@ -234,6 +237,19 @@ impl MemIndex {
                 f(n, s.id, s.pack as usize, loc);
             }
         }
+    }
+
+    /// The raw bytes of every loaded frame's blobs together, to share the frame's stored
+    /// bytes among them ([`FrameTotals::stored`]).
+    pub(crate) fn frame_totals(&self) -> FrameTotals {
+        let mut raw = HashMap::new();
+        for s in &self.slots {
+            if s.raw_and_kind & FRAME_BIT != 0 {
+                *raw.entry((s.pack, s.offset)).or_insert(0u64) +=
+                    u64::from(s.raw_and_kind & !FRAME_BIT);
+            }
+        }
+        FrameTotals { raw }
     }
 
     /// How many blobs were loaded (slots are numbered from 0 to this, in id order).
@@ -511,10 +527,35 @@ impl Fanout {
     }
 }
 
-/// A blob's raw length with its kind in the top bit.
+/// The raw bytes of each frame's blobs, by pack number and offset.
+#[derive(Debug)]
+pub(crate) struct FrameTotals {
+    raw: HashMap<(u32, u32), u64>,
+}
+
+impl FrameTotals {
+    /// The stored bytes of the blob at `loc` in pack number `pack`: its sealed length; for a
+    /// blob in a frame, the frame's sealed length shared among its blobs by raw length.
+    pub(crate) fn stored(&self, pack: usize, loc: &BlobLocation) -> u64 {
+        if loc.kind != ObjectKind::FramedData {
+            return u64::from(loc.length);
+        }
+        let key = (u32::try_from(pack).unwrap_or(u32::MAX), loc.offset);
+        match self.raw.get(&key) {
+            Some(total) if *total > 0 => u64::from(loc.length) * u64::from(loc.raw_length) / total,
+            _ => u64::from(loc.length),
+        }
+    }
+}
+
+/// A blob's raw length with its kind in the top two bits.
 fn raw_and_kind(raw_length: u32, kind: ObjectKind) -> u32 {
-    let tree = if kind == ObjectKind::TreeBlob { TREE_BIT } else { 0 };
-    (raw_length & !TREE_BIT) | tree
+    let kind_bits = match kind {
+        ObjectKind::TreeBlob => TREE_BIT,
+        ObjectKind::FramedData => FRAME_BIT,
+        _ => 0,
+    };
+    (raw_length & !(TREE_BIT | FRAME_BIT)) | kind_bits
 }
 
 /// The location of a blob at `offset`/`length` in `pack`, from its packed raw length and kind.
@@ -523,9 +564,11 @@ fn located(pack: &PackInfo, offset: u32, length: u32, raw_and_kind: u32) -> Blob
         pack: pack.id,
         offset,
         length,
-        raw_length: raw_and_kind & !TREE_BIT,
+        raw_length: raw_and_kind & !(TREE_BIT | FRAME_BIT),
         kind: if raw_and_kind & TREE_BIT != 0 {
             ObjectKind::TreeBlob
+        } else if raw_and_kind & FRAME_BIT != 0 {
+            ObjectKind::FramedData
         } else {
             ObjectKind::DataBlob
         },
@@ -839,5 +882,27 @@ mod tests {
         assert_eq!(idx.lookup(&BlobId([4; 32])).map(|l| l.pack), Some(PackId([5; 32])));
         assert_eq!(idx.pack_size(&PackId([5; 32])), Some(100));
         assert_eq!(idx.pack_size(&PackId([1; 32])), Some(999));
+    }
+
+    #[test]
+    fn each_kind_of_blob_keeps_its_kind_and_raw_length() {
+        let idx = MemIndex::build(vec![]);
+        let kinds = [ObjectKind::DataBlob, ObjectKind::TreeBlob, ObjectKind::FramedData];
+        let raw = (512 << 20) - 1;
+        let entries: Vec<PackEntry> = kinds
+            .iter()
+            .enumerate()
+            .map(|(n, kind)| PackEntry {
+                id: BlobId([n as u8 + 1; 32]),
+                kind: *kind,
+                raw_length: raw - n as u32,
+                ..entry(1, *kind)
+            })
+            .collect();
+        idx.add_pack(PackId([5; 32]), 100, &entries);
+        for e in &entries {
+            let loc = idx.lookup(&e.id).map(|l| (l.kind, l.raw_length));
+            assert_eq!(loc, Some((e.kind, e.raw_length)));
+        }
     }
 }

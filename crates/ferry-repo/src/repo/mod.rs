@@ -25,9 +25,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
-    BlobId, Chunker, ChunkerParams, Config, IndexFile, IndexId, KMS_CONTEXT, KdfParams, KeyFile,
-    KeyId, MasterKey, ObjectKind, PackId, PackParams, RepoFormat, RepoKeys, TreePage,
-    content_address, open_blob,
+    BlobId, BlobOpener, Chunker, ChunkerParams, Config, IndexFile, IndexId, KMS_CONTEXT, KdfParams,
+    KeyFile, KeyId, MasterKey, ObjectKind, PackId, PackParams, RepoFormat, RepoKeys, TreePage,
+    content_address,
 };
 use cache::PackCache;
 use capped::Limit;
@@ -61,8 +61,8 @@ pub struct InitOptions {
     /// password, so that opening the repository needs both. Also used to open the repository
     /// when it exists already (see [`OpenOptions::key_wrapper`]).
     pub key_wrapper: Option<Arc<dyn KeyWrapper>>,
-    /// The repository's format: the latest ([`RepoFormat::V2`]) by default; format 1 only to
-    /// write a repository older builds can read.
+    /// The repository's format: the latest ([`RepoFormat::V3`]) by default; formats 1 and 2
+    /// only to write a repository older builds can read.
     pub format: RepoFormat,
 }
 
@@ -493,18 +493,21 @@ impl Repository {
                 .await
                 .map_err(|e| RepoError::store("read blob from pack", &key, e))?,
         };
-        // Tree blobs are small: authenticate inline. Large data blobs go to a blocking thread.
-        if loc.kind == ObjectKind::TreeBlob || sealed.len() < (256 << 10) {
-            return open_blob(self.keys(), id, loc.kind, &sealed)
-                .map_err(|e| RepoError::corrupt(format!("{} {id} in pack {key}", loc.kind), e));
+        let open = move |keys: &RepoKeys, id: &BlobId| {
+            let at = (loc.pack, loc.offset);
+            BlobOpener::default()
+                .open(keys, id, (loc.kind, loc.raw_length), at, &sealed)
+                .map(std::borrow::Cow::into_owned)
+                .map_err(|e| RepoError::corrupt(format!("{} {id} in pack {key}", loc.kind), e))
+        };
+        // Tree blobs are small: authenticate inline. Large data blobs and frames go to a
+        // blocking thread.
+        if loc.kind == ObjectKind::TreeBlob || loc.length < (256 << 10) {
+            return open(self.keys(), id);
         }
         let keys = self.keys().clone();
         let id = *id;
-        blocking(move || {
-            open_blob(&keys, &id, loc.kind, &sealed)
-                .map_err(|e| RepoError::corrupt(format!("{} {id} in pack {key}", loc.kind), e))
-        })
-        .await?
+        blocking(move || open(&keys, &id)).await?
     }
 
     /// The sealed bytes of a tree blob from a cached whole-pack read; `None` to read the

@@ -38,14 +38,15 @@ impl Repository {
             pack_bytes: index.packs().iter().map(|p| p.size).sum(),
             ..RepoStats::default()
         };
-        index.for_each(|_, _, _, loc| {
+        let frames = index.frame_totals();
+        index.for_each(|_, _, pack, loc| {
             if loc.kind == ObjectKind::TreeBlob {
                 stats.tree_blobs += 1;
                 stats.tree_stored_bytes += u64::from(loc.length);
             } else {
                 stats.data_blobs += 1;
                 stats.data_raw_bytes += u64::from(loc.raw_length);
-                stats.data_stored_bytes += u64::from(loc.length);
+                stats.data_stored_bytes += frames.stored(pack, &loc);
             }
         });
         Ok(stats)

@@ -366,6 +366,7 @@ pub(crate) async fn write_blobs_of(
             packer.add(kind, id, b)?;
             ids.push(id);
         }
+        packer.finish()?;
         sink.flush(&repo2)?;
         Ok(ids)
     })
@@ -403,6 +404,7 @@ async fn stored_packs_lend_their_buffers_to_the_next() -> RepoResult<()> {
                 .fill(&mut blob);
             packer.add(ObjectKind::DataBlob, writer.keys().blob_id(&blob), &blob)?;
         }
+        packer.finish()?;
         sink.flush(&writer)
     })
     .await
@@ -485,6 +487,48 @@ async fn an_open_reads_no_oversized_object_under_keys() -> RepoResult<()> {
         let reads = hooked.hook().0.lock().expect("lock").clone();
         assert!(reads.iter().any(|k| k.starts_with("keys/")), "the real key was read: {reads:?}");
         assert!(!reads.contains(&huge.as_str().to_owned()), "the huge object was read: {reads:?}");
+    }
+    Ok(())
+}
+
+/// A worker that ends without sealing its frame would leave claimed blobs unstored: the
+/// writer refuses to finish instead, and a worker that seals it stores the blob.
+#[tokio::test]
+async fn blobs_left_in_an_unsealed_frame_fail_the_flush() -> RepoResult<()> {
+    let cancel = CancellationToken::new();
+    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    let (repo, _) = Repository::init(store, b"pw", &fast_options(), &cancel).await?;
+    assert!(repo.config().format.frames());
+    for seal in [false, true] {
+        let index = repo.index(&cancel).await?;
+        let (sink, uploader) = Uploader::start_leased(&repo, index, None, &cancel);
+        let stats = Arc::clone(&uploader.stats);
+        let writer = repo.clone();
+        let blob = format!("small blob {seal}").into_bytes();
+        let id = repo.keys().blob_id(&blob);
+        let flushed = tokio::task::spawn_blocking(move || -> RepoResult<()> {
+            let mut packer = LocalPacker::new(&writer, &sink, &stats, 3);
+            packer.add(ObjectKind::DataBlob, id, &blob)?;
+            if seal {
+                packer.finish()?;
+            }
+            sink.flush(&writer)
+        })
+        .await
+        .map_err(|e| RepoError::Internal { what: "test", reason: e.to_string() })?;
+        uploader.finish().await?;
+        match (seal, flushed) {
+            (false, Err(RepoError::Internal { reason, .. })) => {
+                assert!(reason.contains("never stored"), "{reason}");
+            }
+            (true, Ok(())) => {
+                let read = repo.read_blob(&id, "test", &cancel).await?;
+                assert_eq!(read, format!("small blob {seal}").into_bytes());
+                let loc = repo.locate(&id, &cancel).await?.map(|l| l.kind);
+                assert_eq!(loc, Some(ObjectKind::FramedData));
+            }
+            (seal, other) => panic!("sealed {seal}: {other:?}"),
+        }
     }
     Ok(())
 }

@@ -10,7 +10,8 @@
 //! sealed on the worker and handed to the uploader task, which stores up to
 //! [`UPLOAD_CONCURRENCY`] packs at once. A stored pack is queued for the next index file, and
 //! its blobs join the in-memory index only once that file is written; an index file is written
-//! every [`CHECKPOINT_PACKS`] packs or [`CHECKPOINT_INTERVAL`], and at the end. So an
+//! every [`CHECKPOINT_PACKS`] packs, [`CHECKPOINT_BLOBS`] blobs or [`CHECKPOINT_INTERVAL`],
+//! and at the end. So an
 //! interrupted backup leaves indexed packs that the next backup deduplicates against, and an
 //! index never names a pack that is not stored.
 
@@ -28,8 +29,8 @@ use super::capped::Limit;
 use super::disk_cache::Cached;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
-    BlobId, IndexFile, IndexId, IndexPack, ObjectKind, PackBuilder, SealScratch, SealedPack,
-    content_address,
+    BlobId, FrameBuilder, IndexFile, IndexId, IndexPack, ObjectKind, PackBuilder, SealScratch,
+    SealedPack, content_address,
 };
 use crate::repo::{MemIndex, Repository, layout};
 
@@ -39,6 +40,9 @@ pub(crate) const OPEN_DATA_PACKS: usize = 2;
 pub(crate) const UPLOAD_CONCURRENCY: usize = 3;
 /// Packs per index checkpoint.
 pub(crate) const CHECKPOINT_PACKS: usize = 8;
+/// Blobs per index checkpoint, at most (about 12 MB of index file): packs of frames of tiny
+/// blobs list far more blobs than packs of chunks.
+pub(crate) const CHECKPOINT_BLOBS: usize = 1 << 18;
 /// Longest time between index checkpoints while packs are being stored.
 pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(60);
 /// Pack buffers a writer keeps for reuse: one for each full pack that can be in flight at once
@@ -64,6 +68,8 @@ pub(crate) struct PackSink {
     data: Arc<[Mutex<PackBuilder>; OPEN_DATA_PACKS]>,
     tree: Arc<Mutex<PackBuilder>>,
     buffers: Arc<PackBuffers>,
+    /// Workers holding blobs in a frame not yet sealed into a pack.
+    unsealed: Arc<AtomicU64>,
 }
 
 impl PackSink {
@@ -119,7 +125,8 @@ impl Uploader {
         let task = tokio::spawn(uploader);
         let open = || Mutex::new(PackBuilder::in_buffer(buffers.take()));
         let (data, tree) = (Arc::new(std::array::from_fn(|_| open())), Arc::new(open()));
-        (PackSink { tx, data, tree, buffers }, Self { task, stats })
+        let unsealed = Arc::new(AtomicU64::new(0));
+        (PackSink { tx, data, tree, buffers, unsealed }, Self { task, stats })
     }
 
     /// Waits until every pack sent is stored and indexed. All sinks must be dropped first.
@@ -164,7 +171,11 @@ async fn run(
                     let pack = done.map_err(|e| RepoError::Internal { what: "pack upload", reason: e.to_string() })??;
                     stats.stored_bytes.fetch_add(pack.size, Ordering::Relaxed);
                     pending.push(pack);
-                    if pending.len() >= CHECKPOINT_PACKS || last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL {
+                    let blobs: usize = pending.iter().map(|p| p.entries.len()).sum();
+                    if pending.len() >= CHECKPOINT_PACKS
+                        || blobs >= CHECKPOINT_BLOBS
+                        || last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL
+                    {
                         written.push(checkpoint(&repo, &index, std::mem::take(&mut pending), &cancel).await?);
                         last_checkpoint = Instant::now();
                     }
@@ -257,6 +268,11 @@ pub(crate) async fn write_index(
 /// compressed and encrypted on the worker, in its own reused buffers; only the copy into a
 /// pack (and, when that fills it, taking the next pack's buffer) happens under its lock, so all
 /// workers fill the same packs and memory holds three open packs, not a pack per worker.
+///
+/// In format 3 a worker gathers its small data blobs in a frame of its own, sealed (on the
+/// worker) and copied into one of the open data packs once full; [`LocalPacker::finish`]
+/// seals the last one, and [`PackSink::flush`] refuses to end a backup while a worker still
+/// holds blobs in a frame (they would be claimed and never stored).
 #[derive(Debug)]
 pub(crate) struct LocalPacker {
     repo: Repository,
@@ -265,6 +281,15 @@ pub(crate) struct LocalPacker {
     level: i32,
     target: usize,
     scratch: SealScratch,
+    /// Small data blobs gathered for one frame (format 3), with scratch space to seal it.
+    frame: Option<Box<FrameScratch>>,
+}
+
+#[derive(Debug, Default)]
+struct FrameScratch {
+    frame: FrameBuilder,
+    plain: Vec<u8>,
+    sealed: Vec<u8>,
 }
 
 impl LocalPacker {
@@ -281,11 +306,28 @@ impl LocalPacker {
             level,
             target: repo.config().packs.target_size as usize,
             scratch: SealScratch::default(),
+            frame: repo.config().format.frames().then(Box::default),
         }
     }
 
-    /// Compresses, encrypts and packs one blob; returns its sealed size.
-    pub(crate) fn add(&mut self, kind: ObjectKind, id: BlobId, raw: &[u8]) -> RepoResult<u64> {
+    /// Compresses, encrypts and packs one blob (in format 3, a small data blob goes into
+    /// this worker's frame, stored when the frame is full or at [`LocalPacker::finish`]).
+    pub(crate) fn add(&mut self, kind: ObjectKind, id: BlobId, raw: &[u8]) -> RepoResult<()> {
+        self.stats.raw_bytes.fetch_add(raw.len() as u64, Ordering::Relaxed);
+        self.stats.blobs.fetch_add(1, Ordering::Relaxed);
+        if kind == ObjectKind::DataBlob
+            && FrameBuilder::takes(raw)
+            && let Some(scratch) = &mut self.frame
+        {
+            if scratch.frame.is_empty() {
+                self.sink.unsealed.fetch_add(1, Ordering::Relaxed);
+            }
+            scratch.frame.push(id, raw);
+            if scratch.frame.is_full() {
+                self.seal_frame()?;
+            }
+            return Ok(());
+        }
         let keys = self.repo.keys();
         let level = if kind == ObjectKind::TreeBlob {
             crate::format::DEFAULT_DATA_LEVEL.max(3)
@@ -293,35 +335,84 @@ impl LocalPacker {
             self.level
         };
         let sealed = self.scratch.seal(keys, id, kind, level, raw);
-        self.stats.raw_bytes.fetch_add(raw.len() as u64, Ordering::Relaxed);
-        self.stats.blobs.fetch_add(1, Ordering::Relaxed);
         let open = if kind == ObjectKind::TreeBlob {
             &*self.sink.tree
         } else {
             &self.sink.data[rand::random_range(0..OPEN_DATA_PACKS)]
         };
-        let full = {
-            let mut builder = open.lock().map_err(|_| RepoError::Internal {
-                what: "pack writer",
-                reason: "lock poisoned".into(),
-            })?;
+        let full = Self::into_pack(open, self.target, &self.sink.buffers, |builder| {
             builder.push_sealed(id, kind, sealed, raw.len());
-            (builder.size() >= self.target).then(|| {
-                let next = PackBuilder::in_buffer(self.sink.buffers.take());
-                std::mem::replace(&mut *builder, next)
-            })
-        };
+        })?;
         if let Some(full) = full {
             self.sink.send(full.finish(&keys.cipher, self.repo.config().format))?;
         }
-        Ok(sealed.len() as u64)
+        Ok(())
+    }
+
+    /// Seals this worker's frame, if it holds blobs, and copies it into an open data pack.
+    /// Call once the worker has added its last blob.
+    pub(crate) fn finish(&mut self) -> RepoResult<()> {
+        if self.frame.as_ref().is_some_and(|s| !s.frame.is_empty()) {
+            self.seal_frame()?;
+        }
+        Ok(())
+    }
+
+    fn seal_frame(&mut self) -> RepoResult<()> {
+        let Some(scratch) = &mut self.frame else { return Ok(()) };
+        let keys = self.repo.keys();
+        scratch.sealed.clear();
+        let FrameScratch { frame, plain, sealed } = &mut **scratch;
+        let blobs = frame.seal_into(keys, self.level, plain, sealed);
+        let open = &self.sink.data[rand::random_range(0..OPEN_DATA_PACKS)];
+        let full = Self::into_pack(open, self.target, &self.sink.buffers, |builder| {
+            builder.push_frame(sealed, &blobs);
+        })?;
+        self.sink.unsealed.fetch_sub(1, Ordering::Relaxed);
+        if sealed.capacity() > 4 * crate::format::frame::FRAME_TARGET {
+            *sealed = Vec::new();
+        }
+        if let Some(full) = full {
+            self.sink.send(full.finish(&keys.cipher, self.repo.config().format))?;
+        }
+        Ok(())
+    }
+
+    /// Runs `push` on the open pack `open` under its lock; returns the pack if that filled it
+    /// (a new one, in a reused buffer, takes its place).
+    fn into_pack(
+        open: &Mutex<PackBuilder>,
+        target: usize,
+        buffers: &PackBuffers,
+        push: impl FnOnce(&mut PackBuilder),
+    ) -> RepoResult<Option<PackBuilder>> {
+        let mut builder = open.lock().map_err(|_| RepoError::Internal {
+            what: "pack writer",
+            reason: "lock poisoned".into(),
+        })?;
+        push(&mut builder);
+        Ok((builder.filled() >= target).then(|| {
+            let next = PackBuilder::in_buffer(buffers.take());
+            std::mem::replace(&mut *builder, next)
+        }))
     }
 }
 
 impl PackSink {
     /// Seals and sends the partly filled shared packs; call once every writer is done. The
     /// data packs are merged into as few packs as the target allows.
+    ///
+    /// # Errors
+    /// [`RepoError::Internal`] when a worker still holds blobs in a frame it did not seal
+    /// ([`LocalPacker::finish`] not called): they were claimed, so nothing else stores them.
     pub(crate) fn flush(&self, repo: &Repository) -> RepoResult<()> {
+        let unsealed = self.unsealed.load(Ordering::Relaxed);
+        if unsealed != 0 {
+            return Err(RepoError::Internal {
+                what: "pack writer",
+                reason: format!("{unsealed} workers ended with blobs in a frame never stored"),
+            });
+        }
         let take = |open: &Mutex<PackBuilder>| {
             open.lock().map(|mut b| std::mem::take(&mut *b)).map_err(|_| RepoError::Internal {
                 what: "pack writer",
@@ -336,7 +427,7 @@ impl PackSink {
                 continue;
             }
             match merged.last_mut() {
-                Some(last) if last.size() + builder.size() <= target => last.append(builder),
+                Some(last) if last.filled() + builder.filled() <= target => last.append(builder),
                 _ => merged.push(builder),
             }
         }

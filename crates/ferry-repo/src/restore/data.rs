@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::{RepoError, RepoResult};
-use crate::format::{ChunkRef, Metadata, ObjectKind, open_blob};
+use crate::format::{BlobOpener, ChunkRef, Metadata, ObjectKind};
 use crate::pack_reads;
 use crate::repo::BlobLocation;
 use crate::restore::Shared;
@@ -53,7 +53,7 @@ pub(crate) fn restore_batch(shared: &Shared, batch: Batch) -> RepoResult<()> {
                 id: chunk.id,
                 referrer: item.file.path.display().to_string(),
             })?;
-            if loc.kind != ObjectKind::DataBlob {
+            if !loc.kind.is_data() {
                 return Err(RepoError::corrupt(
                     format!(
                         "{} {} referenced as data of {}",
@@ -70,21 +70,24 @@ pub(crate) fn restore_batch(shared: &Shared, batch: Batch) -> RepoResult<()> {
             wants.push(Want { loc, chunk: *chunk, item: i, offset: *offset });
         }
     }
-    wants.sort_by_key(|w| (w.loc.pack, w.loc.offset));
+    wants.sort_by_key(|w| (w.loc.pack, w.loc.offset, w.chunk.id));
     let reads = pack_reads::plan(&wants, |w| &w.loc)?;
     shared.repo.fetch_packs_in_order(&shared.handle, &reads, &shared.stop, |read, bytes| {
         let key = &read.key;
+        let mut opener = BlobOpener::default();
         let mut last: Option<(crate::format::BlobId, Vec<u8>)> = None;
         for w in &wants[read.wants.clone()] {
             let raw = match &last {
                 Some((id, raw)) if *id == w.chunk.id => raw,
                 _ => {
                     let sealed = read.sealed(&bytes, &w.loc)?;
-                    let raw = open_blob(shared.repo.keys(), &w.chunk.id, w.loc.kind, sealed)
+                    let (kind, at) = ((w.loc.kind, w.loc.raw_length), (w.loc.pack, w.loc.offset));
+                    let raw = opener
+                        .open(shared.repo.keys(), &w.chunk.id, kind, at, sealed)
                         .map_err(|e| {
                             RepoError::corrupt(format!("data blob {} in pack {key}", w.chunk.id), e)
                         })?;
-                    &last.insert((w.chunk.id, raw)).1
+                    &last.insert((w.chunk.id, raw.into_owned())).1
                 }
             };
             if raw.len() != w.chunk.len as usize {

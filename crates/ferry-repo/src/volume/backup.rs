@@ -386,7 +386,7 @@ fn read_segments(shared: &Shared, mut packer: LocalPacker) -> RepoResult<()> {
         let segment = shared.next_segment.fetch_add(1, Ordering::Relaxed);
         let first = segment * SEGMENT_CHUNKS;
         if first >= shared.chunks() {
-            return Ok(());
+            return packer.finish();
         }
         let last = (first + SEGMENT_CHUNKS).min(shared.chunks());
         let (start, end) = (first * chunk, (last * chunk).min(size));

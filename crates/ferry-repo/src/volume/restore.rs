@@ -11,7 +11,7 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
-use crate::format::{ChunkRef, FormatError, ObjectKind, SnapshotId, SnapshotKind, open_blob};
+use crate::format::{BlobOpener, ChunkRef, FormatError, ObjectKind, SnapshotId, SnapshotKind};
 use crate::pack_reads;
 use crate::place::Place;
 use crate::progress::{Counters, ProgressFn, Ticker};
@@ -320,7 +320,7 @@ fn write_segment(shared: &Shared, segment: &Segment, zeros: &[u8]) -> RepoResult
             id: chunk.id,
             referrer: format!("volume offset {offset}"),
         })?;
-        if loc.kind != ObjectKind::DataBlob {
+        if !loc.kind.is_data() {
             return Err(RepoError::corrupt(
                 format!("{} {} referenced as volume data", loc.kind, chunk.id),
                 FormatError::WrongKind { expected: ObjectKind::DataBlob, found: loc.kind },
@@ -328,13 +328,16 @@ fn write_segment(shared: &Shared, segment: &Segment, zeros: &[u8]) -> RepoResult
         }
         wants.push(Want { loc, chunk, offset });
     }
-    wants.sort_by_key(|w| (w.loc.pack, w.loc.offset));
+    wants.sort_by_key(|w| (w.loc.pack, w.loc.offset, w.chunk.id));
     let reads = pack_reads::plan(&wants, |w| &w.loc)?;
     shared.repo.fetch_packs_in_order(&shared.handle, &reads, &shared.stop, |read, bytes| {
+        let mut opener = BlobOpener::default();
         for w in &wants[read.wants.clone()] {
             let object = || format!("data blob {} in pack {}", w.chunk.id, read.key);
             let sealed = read.sealed(&bytes, &w.loc)?;
-            let raw = open_blob(shared.repo.keys(), &w.chunk.id, w.loc.kind, sealed)
+            let (kind, at) = ((w.loc.kind, w.loc.raw_length), (w.loc.pack, w.loc.offset));
+            let raw = opener
+                .open(shared.repo.keys(), &w.chunk.id, kind, at, sealed)
                 .map_err(|e| RepoError::corrupt(object(), e))?;
             if raw.len() != w.chunk.len as usize {
                 return Err(RepoError::corrupt(

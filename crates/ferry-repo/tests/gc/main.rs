@@ -94,3 +94,48 @@ async fn forgetting_everything_leaves_an_empty_but_valid_repository() {
     assert!(again.bytes_new >= 2 * FILE as u64);
     assert_restores(&repo, &again.snapshot_id, &dir.path().join("a")).await;
 }
+
+/// Small files share frames (format 3). A collection after a snapshot is forgotten rewrites
+/// the frames that hold blobs of both snapshots: only the live blobs go into new frames, the
+/// dead ones are dropped, and the kept snapshot still restores and checks clean. A second
+/// collection finds nothing left to repack (the new frames hold live blobs only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repack_keeps_a_frames_live_blobs_and_drops_its_dead_ones() {
+    let store: Arc<dyn ObjectStore> = Arc::new(ferry_store::MemoryStore::new());
+    let repo = init(Arc::clone(&store)).await;
+    assert_eq!(repo.config().format, ferry_repo::RepoFormat::V3);
+    let dir = tempfile::tempdir().unwrap();
+    // 300 files of 6 KiB of noise, about two frames; the second snapshot keeps every other one.
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    for n in 0..300u16 {
+        let bytes = noise(6 << 10, (n % 251) as u8);
+        let bytes: Vec<u8> = bytes.iter().map(|x| x ^ (n >> 8) as u8 ^ (n as u8)).collect();
+        std::fs::write(a.join(format!("f{n}")), &bytes).unwrap();
+        if n % 2 == 0 {
+            std::fs::write(b.join(format!("f{n}")), &bytes).unwrap();
+        }
+    }
+    let sa = backup(&repo, &a).await;
+    let sb = backup(&repo, &b).await;
+    assert_eq!(sb.bytes_new, 0, "b's files are all in a's frames");
+    let before = data_bytes(store.as_ref()).await;
+    forget(&repo, &[sa.snapshot_id], &CancellationToken::new()).await.unwrap();
+    let mut options = gc_options();
+    options.repack_dead_fraction = 0.2;
+    let report = gc(&repo, &options, &CancellationToken::new()).await.unwrap();
+    let mark = report.mark.clone().unwrap();
+    assert!(mark.repacked_packs >= 1, "frames with dead blobs are rewritten: {report:?}");
+    assert_eq!(mark.repacked_blobs, 150, "b's blobs, and only those: {report:?}");
+    let after = data_bytes(store.as_ref()).await;
+    assert!(
+        before - after >= 140 * (6 << 10),
+        "half the blobs' bytes come back: before {before}, after {after}"
+    );
+    assert_clean(&repo).await;
+    assert_restores(&repo, &sb.snapshot_id, &b).await;
+    assert_restores(&open(Arc::clone(&store)).await, &sb.snapshot_id, &b).await;
+    let again = gc(&repo, &options, &CancellationToken::new()).await.unwrap();
+    assert_eq!(again.mark.map(|m| m.repacked_packs), Some(0), "nothing left to repack");
+}

@@ -5,6 +5,7 @@
 mod common;
 
 mod cache;
+mod frames;
 mod hostile;
 mod kms;
 mod placement;

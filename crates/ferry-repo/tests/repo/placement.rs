@@ -72,7 +72,7 @@ async fn a_files_chunks_are_spread_over_packs_not_stored_in_order() -> TestResul
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_backup_writes_one_data_pack() -> TestResult {
     let cancel = CancellationToken::new();
-    for format in [RepoFormat::V1, RepoFormat::V2] {
+    for format in [RepoFormat::V1, RepoFormat::V2, RepoFormat::V3] {
         let (repo, store) = small_repo(format).await?;
         let dir = tempfile::tempdir()?;
         for n in 0..8u8 {
@@ -90,7 +90,9 @@ async fn a_small_backup_writes_one_data_pack() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repository_keeps_its_format_in_its_config_and_pack_headers() -> TestResult {
     let cancel = CancellationToken::new();
-    for (format, padded) in [(RepoFormat::V1, false), (RepoFormat::V2, true)] {
+    for (format, padded) in
+        [(RepoFormat::V1, false), (RepoFormat::V2, true), (RepoFormat::V3, true)]
+    {
         let (repo, store) = small_repo(format).await?;
         let config = store.get(&ObjectKey::new("config")?, &cancel).await?;
         assert_eq!(config[0], format.byte());
@@ -103,7 +105,8 @@ async fn a_repository_keeps_its_format_in_its_config_and_pack_headers() -> TestR
             headers.push(header_length(&bytes[bytes.len() - 4..])? as usize);
         }
         // One data pack, one tree pack. A sealed header: version, kind, nonce, compression
-        // mode and length, tag (47 bytes) around the body; format 2 pads data packs' bodies.
+        // mode and length, tag (47 bytes) around the body; formats 2 and 3 pad data packs'
+        // bodies.
         let padded_ones = headers.iter().filter(|h| (*h - 47) % HEADER_PADDING == 0).count();
         assert_eq!((headers.len(), padded_ones), (2, usize::from(padded)), "format {format}");
         // Opened again, it is still of its format.
@@ -111,6 +114,6 @@ async fn a_repository_keeps_its_format_in_its_config_and_pack_headers() -> TestR
         let reopened = Repository::open(dyn_store, b"secret", &cancel).await?;
         assert_eq!(reopened.config().format, format);
     }
-    assert_eq!(InitOptions::default().format, RepoFormat::V2, "new repositories are format 2");
+    assert_eq!(InitOptions::default().format, RepoFormat::V3, "new repositories are format 3");
     Ok(())
 }
