@@ -42,6 +42,7 @@ mod check;
 mod error;
 pub mod format;
 pub mod gc;
+mod migrate;
 mod pack_reads;
 mod place;
 mod progress;
@@ -57,6 +58,7 @@ pub use error::{RepoError, RepoResult};
 pub use format::{
     BlobId, KdfParams, KeyId, RepoFormat, Snapshot, SnapshotId, SnapshotKind, Summary,
 };
+pub use migrate::{MigrateReport, migrate};
 pub use place::Place;
 pub use progress::{Progress, ProgressFn};
 pub use repo::{

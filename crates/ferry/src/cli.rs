@@ -123,6 +123,23 @@ pub enum RepoCommand {
         #[arg(long, value_name = "URL")]
         to: String,
     },
+    /// Copy the repository into a new one of the newest format (3: small files compressed
+    /// together) at another location, under the same keys: the same passwords and KMS keys
+    /// open it, and it holds the same snapshots under the same ids. Every blob is read and
+    /// checked on the way. The old repository is left as it is. Safe to run again after an
+    /// interruption (it goes on where it stopped) or after new backups (it copies what is
+    /// new).
+    Migrate {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// Where the new repository goes: an empty location (`file:///abs/path` or
+        /// `s3://bucket/prefix`; the same S3 endpoint, region and credentials as `--repo`).
+        #[arg(long, value_name = "URL")]
+        to: String,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -10,6 +10,7 @@ mod forget_policy;
 mod gc_cmds;
 mod key_cmds;
 mod ls_cmd;
+mod migrate_cmd;
 mod move_cmd;
 mod password;
 mod plugin_cmd;
@@ -74,6 +75,9 @@ async fn run(command: Command, cancel: &CancellationToken) -> anyhow::Result<()>
         }
         Command::Repo { command: RepoCommand::Move { repo, to } } => {
             move_cmd::move_repo(&repo, &to, cancel).await
+        }
+        Command::Repo { command: RepoCommand::Migrate { repo, to, json } } => {
+            migrate_cmd::migrate(&repo, &to, json, cancel).await
         }
         Command::Repo { command: RepoCommand::Passwd { repo, new_password } } => {
             key_cmds::passwd(&repo, &new_password, cancel).await

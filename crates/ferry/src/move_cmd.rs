@@ -88,23 +88,30 @@ async fn copy_one(
     }
 }
 
+/// Checks that `to_url` is neither `repo_url` nor inside it (or it inside `to_url`), and makes
+/// a file destination's directory.
+pub(crate) fn prepare_destination(repo_url: &str, to_url: &str) -> anyhow::Result<()> {
+    if StoreUrl::parse(repo_url)? == StoreUrl::parse(to_url)? {
+        bail!("--repo and --to are the same location");
+    }
+    let (a, b) = (repo_url.trim_end_matches('/'), to_url.trim_end_matches('/'));
+    if a.starts_with(&format!("{b}/")) || b.starts_with(&format!("{a}/")) {
+        bail!("--repo and --to are inside one another: choose a location beside it");
+    }
+    if let StoreUrl::File { root } = StoreUrl::parse(to_url)? {
+        std::fs::create_dir_all(&root)
+            .with_context(|| format!("creating directory {}", root.display()))?;
+    }
+    Ok(())
+}
+
 pub async fn move_repo(
     args: &RepoArgs,
     to_url: &str,
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
     let password = password::read(args.password_file.as_deref())?;
-    if StoreUrl::parse(&args.repo)? == StoreUrl::parse(to_url)? {
-        bail!("--repo and --to are the same location");
-    }
-    let (a, b) = (args.repo.trim_end_matches('/'), to_url.trim_end_matches('/'));
-    if a.starts_with(&format!("{b}/")) || b.starts_with(&format!("{a}/")) {
-        bail!("--repo and --to are inside one another: move to a location beside it");
-    }
-    if let StoreUrl::File { root } = StoreUrl::parse(to_url)? {
-        std::fs::create_dir_all(&root)
-            .with_context(|| format!("creating directory {}", root.display()))?;
-    }
+    prepare_destination(&args.repo, to_url)?;
     let from = repo_cmds::open_store(args).await?;
     let to_args = RepoArgs { repo: to_url.to_owned(), ..args.clone() };
     let to = repo_cmds::open_store(&to_args).await?;

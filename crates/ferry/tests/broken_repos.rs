@@ -174,6 +174,51 @@ fn good_format_3_repository_reads_back_bit_for_bit() {
     reads_back_bit_for_bit_and_cuts_as_it_did(case);
 }
 
+/// The format 1 fixture moved by `ferry repo migrate`: the new repository is format 3, opens
+/// with the same password, lists the same snapshot ids, checks clean reading every byte and
+/// restores both exactly; the old one is left byte for byte as it was; a second run copies
+/// nothing.
+#[test]
+fn good_format_1_repository_migrates_to_format_3() {
+    let case = Case::new("good");
+    let old = case.root().join("repo");
+    let before: Vec<_> = files(&old).into_iter().map(|f| (read(&old.join(&f)), f)).collect();
+    let to = case.root().join("repo-v3");
+    let migrate = || {
+        Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["repo", "migrate", "--repo", &case.url(), "--json", "--to"])
+            .arg(format!("file://{}", to.display()))
+            .env_remove("FERRY_REPO")
+            .env("FERRY_PASSWORD", PASSWORD)
+            .output()
+            .expect("run ferry")
+    };
+    let report: serde_json::Value = serde_json::from_str(ok(&migrate()).trim()).expect("JSON");
+    assert_eq!((report["format"].as_u64(), report["snapshots"].as_u64()), (Some(3), Some(2)));
+    assert_eq!(report["resumed"], false, "{report}");
+    let after: Vec<_> = files(&old).into_iter().map(|f| (read(&old.join(&f)), f)).collect();
+    assert!(before == after, "the old repository changed");
+    let again: serde_json::Value = serde_json::from_str(ok(&migrate()).trim()).expect("JSON");
+    assert_eq!((again["resumed"].as_bool(), again["blobs_copied"].as_u64()), (Some(true), Some(0)));
+
+    // The new repository in the old one's place, for the checks that name it.
+    std::fs::rename(&old, case.root().join("repo-v1")).expect("rename");
+    std::fs::rename(&to, &old).expect("rename");
+    assert_eq!(read(&old.join("config"))[0], 3, "a format 3 repository");
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(&case.ferry(&["snapshots", "--json"]))).expect("JSON");
+    let list = list.as_array().expect("list");
+    let mut ids: Vec<String> =
+        list.iter().map(|s| s["id"].as_str().expect("id").to_owned()).collect();
+    ids.sort();
+    let mut expected = vec![case.snapshot("tree"), case.snapshot("volume")];
+    expected.sort();
+    assert_eq!(ids, expected, "the same snapshot ids");
+    let check = ok(&case.ferry(&["check", "--read-data"]));
+    assert!(check.contains("no problems found"), "{check}");
+    assert_eq!(case.restores_fail_naming("nothing"), 0);
+}
+
 /// Both snapshots listed, `check --read-data` clean, both restored exactly; and the source
 /// backed up again stores no new data: this build cuts it where the fixture's build did.
 fn reads_back_bit_for_bit_and_cuts_as_it_did(case: Case) {

@@ -19,7 +19,7 @@
 mod compact;
 mod lease;
 mod mark;
-mod refs;
+pub(crate) mod refs;
 mod repack;
 mod state;
 mod sweep;

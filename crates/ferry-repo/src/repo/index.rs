@@ -282,6 +282,12 @@ impl MemIndex {
         self.added.read().ok()?.get(short)
     }
 
+    /// Whether a blob whose id starts with `short` is stored.
+    pub(crate) fn contains_short(&self, short: ShortId) -> bool {
+        self.slot_of_short(short).is_some()
+            || self.added.read().ok().and_then(|added| added.get(short)).is_some()
+    }
+
     /// Whether `id` is stored.
     pub(crate) fn contains(&self, id: &BlobId) -> bool {
         self.lookup(id).is_some()

@@ -207,6 +207,23 @@ impl Repository {
         }
     }
 
+    /// The same keys over `store`, which holds a repository of `config` made with them (by a
+    /// migration, [`crate::migrate()`]).
+    pub(crate) fn with_store(
+        &self,
+        store: Arc<dyn ObjectStore>,
+        config: Config,
+    ) -> RepoResult<Self> {
+        let own_key = self
+            .inner
+            .own_key
+            .lock()
+            .map_err(|_| RepoError::Internal { what: "key", reason: "lock poisoned".into() })?
+            .clone();
+        let wrapper = self.inner.key_wrapper.clone();
+        Self::assemble(store, self.inner.master.clone(), own_key, config, 0, wrapper)
+    }
+
     /// A handle on an opened or created repository; `key_files_tried` is the number of key
     /// derivations the open needed, `key_wrapper` the KMS it was given.
     fn assemble(
@@ -421,7 +438,7 @@ impl Repository {
     /// Loads the index, leaving out packs that a pending garbage-collection mark condemned
     /// (read first: see `crate::gc`). Retries when garbage collection removes an index file
     /// between listing and reading (it wrote the file superseding it before).
-    async fn load_index(&self, cancel: &CancellationToken) -> RepoResult<MemIndex> {
+    pub(crate) async fn load_index(&self, cancel: &CancellationToken) -> RepoResult<MemIndex> {
         let (marks, excluded) = crate::gc::exclusions(self, cancel).await?;
         let mut attempt = 0;
         let builder = loop {

@@ -30,6 +30,18 @@ pub async fn memory_repo() -> (Repository, Arc<MemoryStore>) {
     (repo, store)
 }
 
+/// A fresh repository of `format` on the in-memory store.
+pub async fn memory_repo_of(
+    format: ferry_repo::RepoFormat,
+) -> Result<(Repository, Arc<MemoryStore>), ferry_repo::RepoError> {
+    let store = Arc::new(MemoryStore::new());
+    let dyn_store: Arc<dyn ObjectStore> = store.clone();
+    let options = InitOptions { format, ..options() };
+    let (repo, _) =
+        Repository::init(dyn_store, b"secret", &options, &CancellationToken::new()).await?;
+    Ok((repo, store))
+}
+
 /// A fresh repository on the file-system store under `dir`.
 pub async fn fs_repo(dir: &Path) -> Repository {
     let store: Arc<dyn ObjectStore> = Arc::new(FsStore::open(dir).unwrap());

@@ -8,24 +8,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::{TestResult, assert_same_tree, noise};
+use common::{TestResult, assert_same_tree, memory_repo_of, noise};
 use ferry_repo::browse::find_node;
 use ferry_repo::format::{FRAMED_MAX, NodeBody, ObjectKind};
 use ferry_repo::{
-    BackupOptions, CheckOptions, InitOptions, RepoError, RepoFormat, Repository, RestoreOptions,
-    backup_tree, check, restore,
+    BackupOptions, CheckOptions, RepoError, RepoFormat, Repository, RestoreOptions, backup_tree,
+    check, restore,
 };
 use ferry_store::{MemoryStore, ObjectKey, ObjectStore};
 use tokio_util::sync::CancellationToken;
-
-async fn repo_of(format: RepoFormat) -> Result<(Repository, Arc<MemoryStore>), RepoError> {
-    let store = Arc::new(MemoryStore::new());
-    let dyn_store: Arc<dyn ObjectStore> = store.clone();
-    let options = InitOptions { format, ..common::options() };
-    let (repo, _) =
-        Repository::init(dyn_store, b"secret", &options, &CancellationToken::new()).await?;
-    Ok((repo, store))
-}
 
 /// 400 source-like files of a few hundred bytes to 2 KiB, alike in their words as a source
 /// tree's files are (each alone too short for zstd to learn them), and, with `large`, a
@@ -59,7 +50,7 @@ async fn small_files_share_frames_read_back_and_store_less_than_alone() -> TestR
     let cancel = CancellationToken::new();
     let src = tempfile::tempdir()?;
     source_tree(src.path(), true)?;
-    let (repo, store) = repo_of(RepoFormat::V3).await?;
+    let (repo, store) = memory_repo_of(RepoFormat::V3).await?;
     let options = BackupOptions { threads: 2, ..BackupOptions::default() };
     let summary = backup_tree(&repo, src.path(), &options, None, &cancel).await?;
 
@@ -140,8 +131,8 @@ async fn small_files_share_frames_read_back_and_store_less_than_alone() -> TestR
     // much again as format 3 (79 and 132 KB when written; tree packs included in both).
     let small = tempfile::tempdir()?;
     source_tree(small.path(), false)?;
-    let (framed, framed_store) = repo_of(RepoFormat::V3).await?;
-    let (alone, alone_store) = repo_of(RepoFormat::V2).await?;
+    let (framed, framed_store) = memory_repo_of(RepoFormat::V3).await?;
+    let (alone, alone_store) = memory_repo_of(RepoFormat::V2).await?;
     backup_tree(&framed, small.path(), &options, None, &cancel).await?;
     backup_tree(&alone, small.path(), &options, None, &cancel).await?;
     let framed_bytes = data_bytes(&framed_store).await?;
@@ -170,7 +161,7 @@ async fn a_damaged_frame_fails_restore_and_check_names_its_blobs() -> TestResult
     for n in 0..20u8 {
         std::fs::write(src.path().join(format!("f{n}")), noise(2000, n))?;
     }
-    let (repo, store) = repo_of(RepoFormat::V3).await?;
+    let (repo, store) = memory_repo_of(RepoFormat::V3).await?;
     // One worker: one frame holds all twenty files.
     let options = BackupOptions { threads: 1, ..BackupOptions::default() };
     let summary = backup_tree(&repo, src.path(), &options, None, &cancel).await?;

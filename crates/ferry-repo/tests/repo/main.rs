@@ -8,6 +8,7 @@ mod cache;
 mod frames;
 mod hostile;
 mod kms;
+mod migrate;
 mod placement;
 mod roundtrip;
 mod s3;
