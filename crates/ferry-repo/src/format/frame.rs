@@ -160,6 +160,12 @@ impl Frame {
         self.blobs.iter().map(|(p, start, len)| (*p, &self.plain[*start..*start + *len]))
     }
 
+    /// Bytes of the frame's plaintext (what it takes in memory).
+    #[must_use]
+    pub fn plain_len(&self) -> usize {
+        self.plain.len()
+    }
+
     /// How many blobs the frame holds.
     #[must_use]
     pub fn len(&self) -> usize {

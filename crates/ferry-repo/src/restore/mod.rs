@@ -14,6 +14,7 @@
 
 mod data;
 mod fidelity;
+mod frames;
 mod fsops;
 mod plan;
 
@@ -99,6 +100,8 @@ pub(crate) struct Shared {
     pub(crate) progress: Counters,
     /// Files per batch: every queued file is an open descriptor.
     pub(crate) batch_items: usize,
+    /// Frames fetched by one batch for the others too.
+    pub(crate) frames: frames::SharedFrames,
     warnings: Mutex<Vec<String>>,
     failure: Mutex<Option<RepoError>>,
 }
@@ -236,6 +239,7 @@ async fn restore_leased(
         policy: fidelity::Policy::new(options.fidelity),
         progress: Counters::default(),
         batch_items: batch_items(fd_limit, threads),
+        frames: frames::SharedFrames::default(),
         warnings: Mutex::new(Vec::new()),
         failure: Mutex::new(None),
     });
