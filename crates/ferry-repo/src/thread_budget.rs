@@ -31,7 +31,9 @@ pub const MEMORY_PER_THREAD: u64 = 32 << 20;
 /// uploaded). Measured: intercepts up to 128 MiB and one-thread peaks up to 137 MiB (volume
 /// backup into the slow store), rounded up; a repository's index adds to it as it grows. The
 /// second open data pack (blobs are placed at random between two since these measurements)
-/// adds up to one pack target, 16 MiB by default: within the 23 MiB the rounding left.
+/// adds up to one pack target, 16 MiB by default: within the 23 MiB the rounding left. A
+/// restore holds no open pack but keeps up to 32 MiB of opened frames for its batches
+/// (`restore::frames::KEEP_BYTES`) in its place.
 pub const MEMORY_BASE: u64 = 160 << 20;
 
 /// The workers are planned within `1 / MEMORY_SHARE_DIVISOR` of the memory limit.

@@ -20,8 +20,8 @@ pub enum Call<'a> {
     Get(&'a ObjectKey),
     /// `get_at_most`: a whole read capped at the given number of bytes.
     GetAtMost(&'a ObjectKey, u64),
-    /// `get_range`.
-    GetRange(&'a ObjectKey),
+    /// `get_range`: the offset and length asked for.
+    GetRange(&'a ObjectKey, u64, u64),
     /// `head`.
     Head(&'a ObjectKey),
     /// `list`, with its prefix.
@@ -38,7 +38,7 @@ impl<'a> Call<'a> {
             Self::Put(k)
             | Self::Get(k)
             | Self::GetAtMost(k, _)
-            | Self::GetRange(k)
+            | Self::GetRange(k, _, _)
             | Self::Head(k)
             | Self::Delete(k) => k.as_str(),
             Self::List(prefix) => prefix,
@@ -130,7 +130,8 @@ impl<H: Hook> ObjectStore for Hooked<H> {
         len: u64,
         cancel: &CancellationToken,
     ) -> StoreResult<Bytes> {
-        self.around(Call::GetRange(key), || self.inner.get_range(key, offset, len, cancel)).await
+        let call = Call::GetRange(key, offset, len);
+        self.around(call, || self.inner.get_range(key, offset, len, cancel)).await
     }
 
     async fn head(
@@ -177,7 +178,7 @@ mod tests {
         assert_eq!(Call::Get(&k).whole_read(), Some(&k));
         assert_eq!(Call::GetAtMost(&k, 5).whole_read(), Some(&k));
         assert_eq!(Call::GetAtMost(&k, 5).key(), "a");
-        assert_eq!(Call::GetRange(&k).whole_read(), None);
+        assert_eq!(Call::GetRange(&k, 0, 1).whole_read(), None);
         assert_eq!(Call::Head(&k).whole_read(), None);
         assert_eq!(Call::List("a").whole_read(), None);
     }
@@ -210,7 +211,7 @@ mod tests {
                 "after data/ab/cd true",
                 "before GetAtMost(ObjectKey(\"data/ab/cd\"), 2)",
                 "after data/ab/cd false",
-                "before GetRange(ObjectKey(\"data/ab/cd\"))",
+                "before GetRange(ObjectKey(\"data/ab/cd\"), 1, 1)",
                 "after data/ab/cd true",
                 "before List(\"data/\")",
                 "after data/ true",

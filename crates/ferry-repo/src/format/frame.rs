@@ -160,10 +160,12 @@ impl Frame {
         self.blobs.iter().map(|(p, start, len)| (*p, &self.plain[*start..*start + *len]))
     }
 
-    /// Bytes of the frame's plaintext (what it takes in memory).
+    /// Bytes the opened frame holds: its plaintext and its parsed table (a frame of tiny
+    /// blobs holds more in its table than in its plaintext).
     #[must_use]
-    pub fn plain_len(&self) -> usize {
-        self.plain.len()
+    pub fn memory(&self) -> usize {
+        self.plain.capacity()
+            + self.blobs.capacity() * std::mem::size_of::<([u8; 8], usize, usize)>()
     }
 
     /// How many blobs the frame holds.

@@ -29,7 +29,7 @@ impl Hook for Reads {
         let seen = match call {
             Call::Get(key) => format!("get {key}"),
             Call::GetAtMost(key, max) => format!("get {key} at most {max}"),
-            Call::GetRange(key) => format!("range {key}"),
+            Call::GetRange(key, _, _) => format!("range {key}"),
             Call::List(prefix) => format!("list {prefix}"),
             _ => return,
         };

@@ -47,8 +47,8 @@ struct Want {
 }
 
 /// Writes one batch: the blobs alone and the frames nobody else has are fetched with few
-/// merged reads; the frames another batch is fetching are waited for, after (see
-/// [`super::frames`]).
+/// merged reads, the frames opened already taken as they are, and the frames another batch
+/// is fetching waited for, after (see [`super::frames`]).
 pub(crate) fn restore_batch(shared: &Shared, batch: Batch) -> RepoResult<()> {
     let mut wants = Vec::new();
     for (i, item) in batch.iter().enumerate() {
@@ -74,53 +74,116 @@ pub(crate) fn restore_batch(shared: &Shared, batch: Batch) -> RepoResult<()> {
             wants.push(Want { loc, chunk: *chunk, item: i, offset: *offset });
         }
     }
-    let mut claims = Claims::new(&shared.frames);
-    let mut decided: HashMap<FrameKey, Claim> = HashMap::new();
-    let (mut fetch, mut waiting): (Vec<Want>, Vec<Want>) = wants.into_iter().partition(|w| {
-        if w.loc.kind != ObjectKind::FramedData {
-            return true;
+    for round in 1..=ROUNDS {
+        wants = restore_round(shared, &batch, wants, round == ROUNDS)?;
+        if wants.is_empty() {
+            break;
         }
-        let key = (w.loc.pack, w.loc.offset);
-        let claim = *decided.entry(key).or_insert_with(|| shared.frames.claim(key));
-        if claim == Claim::Fetch && !claims.open.contains(&key) {
-            claims.open.push(key);
-        }
-        claim == Claim::Fetch
-    });
-    fetch_and_write(shared, &batch, &mut fetch, Some(&mut claims))?;
-    // Every frame claimed is published by now; none left for others to wait on.
-    drop(claims);
-    waiting.sort_by_key(|w| (w.loc.pack, w.loc.offset, w.chunk.id));
-    let mut fetch_after = vec![false; waiting.len()];
-    let mut i = 0;
-    while let Some(first) = waiting.get(i) {
-        let key = (first.loc.pack, first.loc.offset);
-        let end = waiting[i..]
-            .iter()
-            .position(|w| (w.loc.pack, w.loc.offset) != key)
-            .map_or(waiting.len(), |n| i + n);
-        match shared.frames.wait(key, &shared.stop) {
-            Some(frame) => {
-                for w in &waiting[i..end] {
-                    let raw = frame
-                        .blob(shared.repo.keys(), &w.chunk.id, w.loc.raw_length)
-                        .map_err(|e| RepoError::corrupt(blob_in(w), e))?;
-                    write_want(shared, &batch, w, raw)?;
-                }
-            }
-            None if shared.stop.is_cancelled() => return Err(RepoError::Cancelled),
-            // Its fetch failed elsewhere, or it was evicted: fetch it here.
-            None => fetch_after[i..end].iter_mut().for_each(|f| *f = true),
-        }
-        i = end;
     }
-    let mut rest: Vec<Want> =
-        waiting.into_iter().zip(fetch_after).filter(|(_, f)| *f).map(|(w, _)| w).collect();
-    fetch_and_write(shared, &batch, &mut rest, None)?;
+    if !wants.is_empty() {
+        return Err(RepoError::Internal {
+            what: "restore",
+            reason: format!("{} blobs left unwritten after the last round", wants.len()),
+        });
+    }
     for item in batch {
         finish_item(shared, item)?;
     }
     Ok(())
+}
+
+/// Rounds of claims a batch makes: a frame it waited for that was then abandoned or evicted
+/// is claimed again in the next round; the last round fetches what is left itself.
+const ROUNDS: usize = 3;
+
+/// One round of a batch: fetches the blobs alone and the frames it claims, writes the frames
+/// found opened, then waits for the frames other batches are fetching. Returns the wants of
+/// the frames it waited for in vain (abandoned or evicted), for the next round; the last
+/// round waits for none.
+fn restore_round(
+    shared: &Shared,
+    batch: &Batch,
+    wants: Vec<Want>,
+    last: bool,
+) -> RepoResult<Vec<Want>> {
+    let mut claims = Claims::new(&shared.frames);
+    let mut decided: HashMap<FrameKey, Claim> = HashMap::new();
+    let (mut fetch, mut ready, mut waiting) = (Vec::new(), Vec::new(), Vec::new());
+    for w in wants {
+        if w.loc.kind != ObjectKind::FramedData {
+            fetch.push(w);
+            continue;
+        }
+        let key = (w.loc.pack, w.loc.offset);
+        match decided.entry(key).or_insert_with(|| shared.frames.claim(key)) {
+            Claim::Fetch => {
+                if !claims.open.contains(&key) {
+                    claims.open.push(key);
+                }
+                fetch.push(w);
+            }
+            Claim::Ready(frame) => ready.push((Arc::clone(frame), w)),
+            Claim::Wait if last => fetch.push(w),
+            Claim::Wait => waiting.push(w),
+        }
+    }
+    drop(decided);
+    // The frames opened already first (a local write each), so the batch holds them no
+    // longer than that, outside the kept memory once evicted.
+    for (frame, w) in ready {
+        write_framed(shared, batch, &frame, &w)?;
+    }
+    fetch_and_write(shared, batch, &mut fetch, &mut claims)?;
+    // Every frame claimed is published by now (or abandoned here): none left for others to
+    // wait on while this batch waits.
+    drop(claims);
+    waiting.sort_by_key(|w| (w.loc.pack, w.loc.offset, w.chunk.id));
+    let mut groups: Vec<Vec<Want>> = Vec::new();
+    for w in waiting {
+        match groups.last_mut() {
+            Some(group)
+                if (group[0].loc.pack, group[0].loc.offset) == (w.loc.pack, w.loc.offset) =>
+            {
+                group.push(w);
+            }
+            _ => groups.push(vec![w]),
+        }
+    }
+    // The frames published while this batch fetched are taken at once, before it blocks on
+    // the others (they could be evicted meanwhile).
+    let mut blocked = Vec::new();
+    for group in groups {
+        match shared.frames.ready((group[0].loc.pack, group[0].loc.offset)) {
+            Some(frame) => {
+                for w in &group {
+                    write_framed(shared, batch, &frame, w)?;
+                }
+            }
+            None => blocked.push(group),
+        }
+    }
+    let mut again = Vec::new();
+    for mut group in blocked {
+        match shared.frames.wait((group[0].loc.pack, group[0].loc.offset), &shared.stop) {
+            Some(frame) => {
+                for w in &group {
+                    write_framed(shared, batch, &frame, w)?;
+                }
+            }
+            None if shared.stop.is_cancelled() => return Err(RepoError::Cancelled),
+            // Its fetch failed elsewhere, or it was evicted: claim it again.
+            None => again.append(&mut group),
+        }
+    }
+    Ok(again)
+}
+
+/// Writes a framed blob out of its opened frame.
+fn write_framed(shared: &Shared, batch: &Batch, frame: &Frame, w: &Want) -> RepoResult<()> {
+    let raw = frame
+        .blob(shared.repo.keys(), &w.chunk.id, w.loc.raw_length)
+        .map_err(|e| RepoError::corrupt(blob_in(w), e))?;
+    write_want(shared, batch, w, raw)
 }
 
 /// Names a wanted blob and its pack's key, as errors do.
@@ -136,13 +199,20 @@ fn fetch_and_write(
     shared: &Shared,
     batch: &Batch,
     wants: &mut [Want],
-    mut claims: Option<&mut Claims<'_>>,
+    claims: &mut Claims<'_>,
 ) -> RepoResult<()> {
     if wants.is_empty() {
         return Ok(());
     }
     wants.sort_by_key(|w| (w.loc.pack, w.loc.offset, w.chunk.id));
-    let reads = pack_reads::plan(wants, |w| &w.loc)?;
+    let mut reads = pack_reads::plan(wants, |w| &w.loc)?;
+    // The reads of frames other batches may wait for go first.
+    reads.sort_by_cached_key(|read| {
+        !wants[read.wants.clone()].iter().any(|w| {
+            w.loc.kind == ObjectKind::FramedData
+                && claims.open.contains(&(w.loc.pack, w.loc.offset))
+        })
+    });
     let keys = shared.repo.keys();
     shared.repo.fetch_packs_in_order(&shared.handle, &reads, &shared.stop, |read, bytes| {
         let mut frame: Option<(FrameKey, Arc<Frame>)> = None;
@@ -157,10 +227,8 @@ fn fetch_and_write(
                     Some((key, opened)) if *key == at => Arc::clone(opened),
                     _ => {
                         let opened = Arc::new(Frame::open(keys, sealed).map_err(corrupt)?);
-                        if let Some(claims) = claims.as_deref_mut()
-                            && claims.open.contains(&at)
-                        {
-                            claims.publish(at, Arc::clone(&opened), opened.plain_len());
+                        if claims.open.contains(&at) {
+                            claims.publish(at, Arc::clone(&opened));
                         }
                         frame = Some((at, Arc::clone(&opened)));
                         opened

@@ -8,8 +8,10 @@
 //!
 //! Here the first batch that needs a frame claims it and fetches it; a batch that needs a frame
 //! another one is fetching waits for it (after fetching its own, so no two batches can wait
-//! for each other). Opened frames are kept, newest first, within [`KEEP_BYTES`] of plaintext;
-//! a frame evicted, or whose fetch failed, is fetched again by whoever needs it next.
+//! for each other). A frame already opened is handed over at once. Opened frames are kept
+//! within [`KEEP_BYTES`] of memory (plaintext and table), the first published evicted first
+//! (a use does not keep a frame longer); a frame evicted, or whose fetch failed, is claimed
+//! again by whoever needs it next.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -19,19 +21,22 @@ use tokio_util::sync::CancellationToken;
 
 use crate::format::{Frame, PackId};
 
-/// Plaintext of opened frames kept for other batches (about 32 frames of 1 MiB).
+/// Memory of opened frames kept for other batches (about 32 frames of 1 MiB; counted in the
+/// data path's [`crate::thread_budget::MEMORY_BASE`]).
 pub(crate) const KEEP_BYTES: usize = 32 << 20;
 
 /// A frame: its pack and offset.
 pub(crate) type FrameKey = (PackId, u32);
 
 /// What a batch does about a frame it needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Claim {
     /// Nobody has it: fetch it, then [`SharedFrames::publish`] or [`SharedFrames::abandon`].
     Fetch,
-    /// Another batch has it or is fetching it: [`SharedFrames::wait`] for it.
+    /// Another batch is fetching it: [`SharedFrames::wait`] for it.
     Wait,
+    /// Opened already: here it is (held, so no eviction takes it from the batch).
+    Ready(Arc<Frame>),
 }
 
 #[derive(Debug)]
@@ -49,35 +54,65 @@ struct State {
 }
 
 /// The frames of one restore. See the module documentation.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct SharedFrames {
     state: Mutex<State>,
     changed: Condvar,
+    /// Memory of opened frames kept.
+    keep: usize,
 }
 
+impl Default for SharedFrames {
+    fn default() -> Self {
+        #[cfg(test)]
+        let keep = KEEP_FOR_TESTS.load(std::sync::atomic::Ordering::Relaxed);
+        #[cfg(not(test))]
+        let keep = KEEP_BYTES;
+        Self::keeping(keep)
+    }
+}
+
+/// The memory restores in this crate's unit tests keep (a test that shrinks it to make
+/// frames evicted changes only how often others are fetched again, never what is written).
+#[cfg(test)]
+pub(crate) static KEEP_FOR_TESTS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(KEEP_BYTES);
+
 impl SharedFrames {
+    /// Keeping `keep` bytes of opened frames.
+    fn keeping(keep: usize) -> Self {
+        Self { state: Mutex::default(), changed: Condvar::new(), keep }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every update leaves the state whole: a panic elsewhere does not make it wrong.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether the caller fetches `key` or waits for it.
+    /// Whether the caller fetches `key`, waits for it, or has it.
     pub(crate) fn claim(&self, key: FrameKey) -> Claim {
         let mut state = self.lock();
-        if state.slots.contains_key(&key) {
-            return Claim::Wait;
+        match state.slots.get(&key) {
+            Some(Slot::Ready(frame, _)) => Claim::Ready(Arc::clone(frame)),
+            Some(Slot::Fetching) => Claim::Wait,
+            None => {
+                state.slots.insert(key, Slot::Fetching);
+                Claim::Fetch
+            }
         }
-        state.slots.insert(key, Slot::Fetching);
-        Claim::Fetch
     }
 
-    /// Hands a frame the caller claimed to every batch waiting for it, and keeps it.
-    pub(crate) fn publish(&self, key: FrameKey, frame: Arc<Frame>, bytes: usize) {
+    /// Hands a frame the caller claimed to every batch waiting for it, and keeps it (a frame
+    /// larger than the kept memory is evicted at once: its waiters then fetch it). A frame
+    /// not claimed (or published already) is left as it is.
+    pub(crate) fn publish(&self, key: FrameKey, frame: Arc<Frame>) {
         let mut state = self.lock();
-        state.slots.insert(key, Slot::Ready(frame, bytes));
+        let Some(slot @ Slot::Fetching) = state.slots.get_mut(&key) else { return };
+        let bytes = frame.memory();
+        *slot = Slot::Ready(frame, bytes);
         state.order.push_back(key);
         state.bytes += bytes;
-        while state.bytes > KEEP_BYTES {
+        while state.bytes > self.keep {
             let Some(old) = state.order.pop_front() else { break };
             if let Some(Slot::Ready(_, size)) = state.slots.remove(&old) {
                 state.bytes -= size;
@@ -95,6 +130,14 @@ impl SharedFrames {
         }
         drop(state);
         self.changed.notify_all();
+    }
+
+    /// The frame if it is opened and kept, without waiting.
+    pub(crate) fn ready(&self, key: FrameKey) -> Option<Arc<Frame>> {
+        match self.lock().slots.get(&key) {
+            Some(Slot::Ready(frame, _)) => Some(Arc::clone(frame)),
+            _ => None,
+        }
     }
 
     /// The frame, once the batch fetching it has published it; `None` when that fetch was
@@ -125,9 +168,9 @@ impl<'a> Claims<'a> {
     }
 
     /// Publishes a claimed frame.
-    pub(crate) fn publish(&mut self, key: FrameKey, frame: Arc<Frame>, bytes: usize) {
+    pub(crate) fn publish(&mut self, key: FrameKey, frame: Arc<Frame>) {
         self.open.retain(|k| *k != key);
-        self.frames.publish(key, frame, bytes);
+        self.frames.publish(key, frame);
     }
 }
 
@@ -144,32 +187,34 @@ mod tests {
     use super::*;
     use crate::format::{FrameBuilder, MasterKey};
 
-    fn frame(n: u8) -> (Arc<Frame>, usize) {
+    /// A frame of `n` blobs of 100 bytes.
+    fn frame(n: u8) -> Arc<Frame> {
         let keys = MasterKey::from_secret([3; 32]).derive();
         let mut b = FrameBuilder::default();
-        let blob = vec![n; 100];
-        b.push(keys.blob_id(&blob), &blob);
+        for i in 0..n {
+            let blob = vec![i; 100];
+            b.push(keys.blob_id(&blob), &blob);
+        }
         let (mut plain, mut sealed) = (Vec::new(), Vec::new());
         b.seal_into(&keys, 1, &mut plain, &mut sealed);
         let opened = Frame::open(&keys, &sealed).map_err(|e| e.to_string());
-        (Arc::new(opened.expect("opens")), 100)
+        Arc::new(opened.expect("opens"))
     }
 
     #[test]
     fn the_first_batch_fetches_and_the_others_wait_for_it() {
-        let frames = SharedFrames::default();
+        let frames = SharedFrames::keeping(KEEP_BYTES);
         let key = (PackId([1; 32]), 10);
-        assert_eq!(frames.claim(key), Claim::Fetch);
-        assert_eq!(frames.claim(key), Claim::Wait);
+        assert!(matches!(frames.claim(key), Claim::Fetch));
+        assert!(matches!(frames.claim(key), Claim::Wait));
         let stop = CancellationToken::new();
         std::thread::scope(|scope| {
             let waiter = scope.spawn(|| frames.wait(key, &stop).map(|f| f.len()));
             std::thread::sleep(Duration::from_millis(50));
-            let (f, bytes) = frame(1);
-            frames.publish(key, f, bytes);
+            frames.publish(key, frame(1));
             assert_eq!(waiter.join().ok().flatten(), Some(1), "the waiter gets the frame");
         });
-        assert_eq!(frames.claim(key), Claim::Wait, "kept for later batches");
+        assert!(matches!(frames.claim(key), Claim::Ready(f) if f.len() == 1), "kept for later");
     }
 
     #[test]
@@ -179,7 +224,7 @@ mod tests {
         let stop = CancellationToken::new();
         {
             let mut claims = Claims::new(&frames);
-            assert_eq!(frames.claim(key), Claim::Fetch);
+            assert!(matches!(frames.claim(key), Claim::Fetch));
             claims.open.push(key);
             std::thread::scope(|scope| {
                 let waiter = scope.spawn(|| frames.wait(key, &stop).is_none());
@@ -188,22 +233,49 @@ mod tests {
                 assert_eq!(waiter.join().ok(), Some(true));
             });
         }
-        assert_eq!(frames.claim(key), Claim::Fetch, "free to fetch again");
+        assert!(matches!(frames.claim(key), Claim::Fetch), "free to fetch again");
         stop.cancel();
         assert!(frames.wait(key, &stop).is_none(), "a stopped restore does not wait");
     }
 
     #[test]
-    fn old_frames_go_once_the_kept_bytes_are_exceeded() {
-        let frames = SharedFrames::default();
-        let per = KEEP_BYTES / 4;
+    fn old_frames_go_once_the_kept_memory_is_exceeded() {
+        let one = frame(10).memory();
+        assert!(one >= 1000 + 10 * 24, "plaintext and table counted: {one}");
+        let frames = SharedFrames::keeping(4 * one);
         for n in 0..6u32 {
             let key = (PackId([3; 32]), n);
-            assert_eq!(frames.claim(key), Claim::Fetch);
-            frames.publish(key, frame(1).0, per);
+            assert!(matches!(frames.claim(key), Claim::Fetch));
+            frames.publish(key, frame(10));
         }
         let kept: Vec<_> = (0..6u32).map(|n| frames.claim((PackId([3; 32]), n))).collect();
-        assert_eq!(kept[..2], [Claim::Fetch, Claim::Fetch], "the two oldest evicted");
-        assert!(kept[2..].iter().all(|c| *c == Claim::Wait));
+        assert!(kept[..2].iter().all(|c| matches!(c, Claim::Fetch)), "the two oldest evicted");
+        assert!(kept[2..].iter().all(|c| matches!(c, Claim::Ready(_))), "the newest four kept");
+    }
+
+    #[test]
+    fn a_frame_held_by_a_batch_outlives_its_eviction() {
+        let frames = SharedFrames::keeping(frame(10).memory());
+        let (a, b) = ((PackId([4; 32]), 0), (PackId([4; 32]), 1));
+        assert!(matches!(frames.claim(a), Claim::Fetch));
+        frames.publish(a, frame(10));
+        let Claim::Ready(held) = frames.claim(a) else { panic!("a is opened") };
+        assert!(matches!(frames.claim(b), Claim::Fetch));
+        frames.publish(b, frame(10));
+        assert!(matches!(frames.claim(a), Claim::Fetch), "a evicted for b");
+        assert_eq!(held.len(), 10, "the batch that held it still has it");
+    }
+
+    #[test]
+    fn only_a_claimed_frame_is_published() {
+        let frames = SharedFrames::keeping(KEEP_BYTES);
+        let key = (PackId([5; 32]), 0);
+        frames.publish(key, frame(1));
+        assert!(matches!(frames.claim(key), Claim::Fetch), "not claimed: not kept");
+        frames.publish(key, frame(2));
+        frames.publish(key, frame(3));
+        let Claim::Ready(kept) = frames.claim(key) else { panic!("published") };
+        assert_eq!(kept.len(), 2, "the claim's own frame, once");
+        assert_eq!(frames.lock().order.len(), 1, "counted once");
     }
 }

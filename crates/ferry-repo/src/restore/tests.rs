@@ -388,3 +388,56 @@ async fn a_confined_restore_withholds_devices_root_set_id_bits_and_privileged_xa
     assert_eq!(names, ["trusted.ferry", "user.note"]);
     Ok(())
 }
+
+/// Frames evicted as soon as they are published (restores in this test binary keep no frame
+/// while this runs): the batches that waited for one claim it again, the last round fetches it
+/// itself, and every file is written exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_evicted_at_once_are_claimed_again_and_every_file_written() -> RepoResult<()> {
+    use std::sync::atomic::Ordering::Relaxed;
+    /// Holds ranged reads back, so that batches overlap.
+    #[derive(Debug)]
+    struct Slow;
+    #[async_trait::async_trait]
+    impl ferry_store::Hook for Slow {
+        async fn before(&self, call: ferry_store::Call<'_>) {
+            if matches!(call, ferry_store::Call::GetRange(..)) {
+                tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+            }
+        }
+    }
+    let cancel = CancellationToken::new();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(ferry_store::Hooked::new(Arc::new(MemoryStore::new()), Slow));
+    let repo = Repository::init(store, b"pw", &fast_options(), &cancel).await?.0;
+    let src = tempfile::tempdir().map_err(|e| RepoError::io("make", "a temporary dir", e))?;
+    let mut files = Vec::new();
+    for d in 0..6u32 {
+        for n in 0..400u32 {
+            let path = src.path().join(format!("d{d}/f{n}"));
+            let mut body = vec![0; 1000 + (n as usize * 7) % 2000];
+            blake3::Hasher::new()
+                .update(&[d as u8, (n >> 8) as u8, n as u8])
+                .finalize_xof()
+                .fill(&mut body);
+            std::fs::create_dir_all(src.path().join(format!("d{d}")))
+                .and_then(|()| std::fs::write(&path, &body))
+                .map_err(|e| RepoError::io("write", &path, e))?;
+            files.push((format!("d{d}/f{n}"), body));
+        }
+    }
+    let backup = crate::BackupOptions { threads: 2, ..crate::BackupOptions::default() };
+    let summary = crate::backup_tree(&repo, src.path(), &backup, None, &cancel).await?;
+    frames::KEEP_FOR_TESTS.store(0, Relaxed);
+    let out = tempfile::tempdir().map_err(|e| RepoError::io("make", "a temporary dir", e))?;
+    let options = RestoreOptions { threads: 4, ..RestoreOptions::default() };
+    let restored = restore(&repo, &summary.snapshot_id, out.path(), &options, None, &cancel).await;
+    frames::KEEP_FOR_TESTS.store(frames::KEEP_BYTES, Relaxed);
+    assert_eq!(restored?.files, 2400);
+    for (name, body) in files {
+        let got =
+            std::fs::read(out.path().join(&name)).map_err(|e| RepoError::io("read", &name, e))?;
+        assert!(got == body, "{name} restored exactly");
+    }
+    Ok(())
+}
