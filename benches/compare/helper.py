@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -181,6 +182,37 @@ GEN_BANDS = ((0.70, 0, 2048), (0.28, 2048, 8192), (0.02, 8192, 65536))
 GEN_WORDS = ("data", "volume", "snapshot", "backup", "restore", "chunk", "index", "pack", "node",
              "agent", "upload", "download", "cluster", "storage", "object", "bucket", "tree",
              "file", "block", "key", "value", "state", "phase", "error", "retry", "limit")
+
+
+def cmd_first_files(args):
+    """Hard-links (copies across file systems) the tree's first files in path order whose
+    sizes add up to at most --bytes into a new folder, symbolic links as they are."""
+    total = files = 0
+    full = False
+    for root, dirs, names in os.walk(args.src):
+        if full:
+            break
+        dirs.sort()
+        rel = os.path.relpath(root, args.src)
+        os.makedirs(os.path.join(args.dst, rel), exist_ok=True)
+        for name in sorted(names):
+            if name == ".complete":
+                continue
+            a, b = os.path.join(root, name), os.path.join(args.dst, rel, name)
+            if os.path.islink(a):
+                os.symlink(os.readlink(a), b)
+                continue
+            size = os.path.getsize(a)
+            if total + size > args.bytes:
+                full = True
+                break
+            try:
+                os.link(a, b)
+            except OSError:
+                shutil.copy2(a, b)
+            total += size
+            files += 1
+    print(f"{files} files, {total / 1e9:.2f} GB of file data")
 
 
 def cmd_gen_tree(args):
@@ -614,6 +646,12 @@ def main():
     s = sub.add_parser("stats")
     s.add_argument("dir")
     s.set_defaults(func=cmd_stats)
+
+    ff = sub.add_parser("first-files")
+    ff.add_argument("src")
+    ff.add_argument("dst")
+    ff.add_argument("--bytes", type=int, required=True)
+    ff.set_defaults(func=cmd_first_files)
 
     g = sub.add_parser("gen-tree")
     g.add_argument("dir")

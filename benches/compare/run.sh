@@ -13,6 +13,7 @@
 #                               [--work DIR] [--timeout SECONDS] [--note TEXT] [--out FILE]
 #                               [--no-verify] [--restore-dir]
 #                               [--remote RTT_MS/RATE_MBIT] [--s3-dir DIR] [--files N]
+#                               [--volume]
 # --restore-dir restores into a plain directory of the work area instead of a fresh ext4 file
 # system on a loop device (which needs root, losetup and mkfs.ext4).
 # --remote 20/1000 puts every repository in MinIO, reached over a path of 20 ms round trip and
@@ -20,6 +21,12 @@
 # HTTP requests and bytes of every step; MinIO keeps its objects in --s3-dir (/dev/shm).
 # --files 1000000 uses a synthetic tree of that many small files (helper.py gen-tree: about
 # 2.9 KB a file, 1,000 per directory), generated once into the cache, and reports time per file.
+# --volume backs up a block device instead of a tree: a 2 GiB ext4 volume on a loop device, half
+# full of the data's first files in path order (made once per run.sh, copied afresh for each
+# tool). Ferry reads the device (`ferry backup DEV`); kopia and restic read it as one stream, as
+# Velero's kopia uploader does for block volumes (`kopia snapshot create --stdin-file`, `restic
+# backup --stdin`). The 1 % change is made to the files on the mounted volume; each tool
+# restores into an image file, compared with the device. Needs root, losetup and mkfs.ext4.
 # Without --data or --files, the Linux 6.1 source tree from Debian's linux-source-6.1 package is used
 # (downloaded and extracted once into the cache). See benches/README.md.
 set -euo pipefail
@@ -49,6 +56,8 @@ RESTORE_FS=1
 REMOTE=""
 S3_DIR=/dev/shm
 FILES=""
+VOLUME=0
+VOLUME_BYTES=$((2 << 30))
 S3_KEY=ferry-bench
 S3_SECRET=ferry-bench-secret
 
@@ -69,7 +78,8 @@ while [[ $# -gt 0 ]]; do
     --remote) REMOTE="${2:?--remote needs RTT_MS/RATE_MBIT, for example 20/1000}"; shift 2 ;;
     --s3-dir) S3_DIR="${2:?--s3-dir needs a directory}"; shift 2 ;;
     --files) FILES="${2:?--files needs a number of files}"; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --volume) VOLUME=1; shift ;;
+    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -77,6 +87,11 @@ done
 [[ -z "$FILES" || "$FILES" =~ ^[1-9][0-9]{0,8}$ ]] || die "--files must be 1..999999999"
 [[ -z "$FILES" || -z "$DATA" ]] || die "--files and --data exclude each other"
 [[ "$TIMEOUT" =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive number of seconds"
+if [[ $VOLUME -eq 1 ]]; then
+  [[ $(id -u) -eq 0 ]] || die "--volume needs root (losetup, mount)"
+  command -v mkfs.ext4 >/dev/null && command -v losetup >/dev/null || die "--volume needs mkfs.ext4 and losetup"
+  RESTORE_FS=0
+fi
 if [[ -n "$REMOTE" ]]; then
   [[ "$REMOTE" =~ ^([1-9][0-9]{0,3})/([1-9][0-9]{0,5})$ ]] ||
     die "--remote must be RTT_MS/RATE_MBIT, for example 20/1000"
@@ -209,7 +224,7 @@ fi
 # ---------------------------------------------------------------- work area, cleanup
 mkdir -p "$WORK_PARENT"
 WORK="$(mktemp -d "$WORK_PARENT/ferry-compare.XXXXXX")"
-cleanup() { unmount_restore; stop_remote; rm -rf "$WORK"; }
+cleanup() { unmount_restore; release_volume; stop_remote; rm -rf "$WORK"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 RESULTS="$WORK/results.jsonl"
@@ -317,7 +332,11 @@ fi
 mount_restore() {
   # A plain directory shares the work area's file system: flush the steps before, so the timed
   # restore and its sync write only the restore's own data.
-  if [[ $RESTORE_FS -ne 1 ]]; then sync; return 0; fi
+  if [[ $RESTORE_FS -ne 1 ]]; then
+    [[ $VOLUME -eq 0 ]] || mkdir -p "$RESTORE"
+    sync
+    return 0
+  fi
   local image="$WORK/restore.img" bytes entries
   bytes="$(du -sb "$SRC" | cut -f1)"
   entries="$(find "$SRC" | wc -l)"
@@ -349,6 +368,49 @@ quiet() { # runs a setup command, bounded; shows its output only if it fails
   timeout "$TIMEOUT" "$@" >"$log" 2>&1 || { cat "$log" >&2; die "setup command failed: $*"; }
 }
 
+# ---------------------------------------------------------------- the volume (--volume)
+VOLUME_LOOP=""
+VOLUME_BASE="$WORK/volume.base.img"
+# The volume's image, made once: the data's first files in path order, up to half the volume.
+make_volume() {
+  local files
+  files="$(python3 "$HELPER" first-files "$DATA" "$WORK/volume.files" --bytes "$((VOLUME_BYTES / 2))")"
+  say "volume: $files on a $((VOLUME_BYTES >> 30)) GiB ext4 volume"
+  truncate -s "$VOLUME_BYTES" "$VOLUME_BASE"
+  quiet mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 -d "$WORK/volume.files" "$VOLUME_BASE"
+  rm -rf "$WORK/volume.files"
+}
+# A fresh copy of the volume on a loop device, in $SRC.
+fresh_volume() {
+  release_volume
+  cp --sparse=always "$VOLUME_BASE" "$WORK/volume.img"
+  VOLUME_LOOP="$(losetup --find --show "$WORK/volume.img")"
+  SRC="$VOLUME_LOOP"
+  # Warm-up read, as for a tree.
+  cat "$SRC" >/dev/null
+}
+release_volume() {
+  if [[ -n "$VOLUME_LOOP" ]]; then
+    mountpoint -q "$WORK/mnt" 2>/dev/null && umount "$WORK/mnt"
+    losetup -d "$VOLUME_LOOP" 2>/dev/null || true
+    VOLUME_LOOP=""
+  fi
+  rm -f "$WORK/volume.img"
+}
+# 1 % of the volume's files changed, as mutate does to a tree, on the mounted volume.
+mutate_volume() {
+  mkdir -p "$WORK/mnt"
+  mount "$SRC" "$WORK/mnt"
+  MUTATION="$(python3 "$HELPER" mutate "$WORK/mnt" --seed "$((SEED + $1))" --percent 1)"
+  umount "$WORK/mnt"
+  sync
+}
+# Prefix of a command that reads the device given after it as its standard input.
+FROM_VOLUME=(bash -c 'exec "${@:2}" <"$1"' from-volume)
+verify_volume() {
+  cmp "$1" "$SRC" >"$WORK/diff.txt" 2>&1 || { cat "$WORK/diff.txt" >&2; die "$2 restored an image that differs from the volume"; }
+}
+
 # ---------------------------------------------------------------- one tool, one run
 run_ferry() {
   local run="$1" dir="$WORK/ferry-repo" url out="$WORK/ferry.out" first second third
@@ -373,7 +435,9 @@ run_ferry() {
   third="$(python3 "$HELPER" snapshot-id --tool ferry "$out")"
   record ferry "$run" repo_bytes_all "$(repo_bytes "$dir")"
   mount_restore
-  measure ferry "$run" restore -- "$FERRY" restore --repo "$url" "$third" "$RESTORE"
+  local target="$RESTORE"
+  [[ $VOLUME -eq 0 ]] || target="$RESTORE/volume.img"
+  measure ferry "$run" restore -- "$FERRY" restore --repo "$url" "$third" "$target"
   settle_restore ferry "$run"
   verify "$RESTORE" ferry
   unmount_restore
@@ -396,6 +460,8 @@ run_kopia() {
   fi
   quiet "$KOPIA" maintenance set --enable-quick=false --enable-full=false "${common[@]}"
   local snap=("$KOPIA" snapshot create "$SRC" --json --disable-file-logging "${common[@]}")
+  [[ $VOLUME -eq 0 ]] ||
+    snap=("${FROM_VOLUME[@]}" "$SRC" "$KOPIA" snapshot create - --stdin-file=volume.img --json --disable-file-logging "${common[@]}")
   measure kopia "$run" backup_first --stdout "$out" -- "${snap[@]}"
   python3 "$HELPER" snapshot-id --tool kopia "$out" >/dev/null
   record kopia "$run" repo_bytes_first "$(repo_bytes "$repo")"
@@ -424,17 +490,22 @@ run_restic() {
       AWS_ACCESS_KEY_ID="$S3_KEY" AWS_SECRET_ACCESS_KEY="$S3_SECRET"
   fi
   quiet "$RESTIC" init
-  measure restic "$run" backup_first --stdout "$out" -- "$RESTIC" backup --json "$SRC"
+  local snap=("$RESTIC" backup --json "$SRC")
+  [[ $VOLUME -eq 0 ]] || snap=("${FROM_VOLUME[@]}" "$SRC" "$RESTIC" backup --json --stdin --stdin-filename volume.img)
+  measure restic "$run" backup_first --stdout "$out" -- "${snap[@]}"
   python3 "$HELPER" snapshot-id --tool restic "$out" >/dev/null
   record restic "$run" repo_bytes_first "$(repo_bytes "$dir")"
-  measure restic "$run" backup_unchanged --stdout "$out" -- "$RESTIC" backup --json "$SRC"
+  measure restic "$run" backup_unchanged --stdout "$out" -- "${snap[@]}"
   mutate "$run"
-  measure restic "$run" backup_changed --stdout "$out" -- "$RESTIC" backup --json "$SRC"
+  measure restic "$run" backup_changed --stdout "$out" -- "${snap[@]}"
   third="$(python3 "$HELPER" snapshot-id --tool restic "$out")"
   record restic "$run" repo_bytes_all "$(repo_bytes "$dir")"
-  # `ID:PATH` restores the backed-up directory's content directly into the target.
+  # `ID:PATH` restores the backed-up directory's content directly into the target (a volume's
+  # snapshot holds the one file).
+  local what="$third:$SRC"
+  [[ $VOLUME -eq 0 ]] || what="$third"
   mount_restore
-  measure restic "$run" restore -- "$RESTIC" restore "$third:$SRC" --target "$RESTORE"
+  measure restic "$run" restore -- "$RESTIC" restore "$what" --target "$RESTORE"
   settle_restore restic "$run"
   verify "$RESTORE" restic
   unmount_restore
@@ -443,6 +514,7 @@ run_restic() {
 
 MUTATION=""
 mutate() {
+  if [[ $VOLUME -eq 1 ]]; then mutate_volume "$1"; return; fi
   local summary
   summary="$(python3 "$HELPER" mutate "$SRC" --seed "$((SEED + $1))" --percent 1)"
   MUTATION="$summary"
@@ -450,6 +522,7 @@ mutate() {
 
 verify() {
   [[ $VERIFY -eq 1 ]] || return 0
+  if [[ $VOLUME -eq 1 ]]; then verify_volume "$1/volume.img" "$2"; return; fi
   if ! timeout "$TIMEOUT" diff -r --no-dereference -q "$SRC" "$1" >"$WORK/diff.txt" 2>&1; then
     head -n 20 "$WORK/diff.txt" >&2
     die "$2 restored a tree that differs from the source (first differences above)"
@@ -457,8 +530,10 @@ verify() {
 }
 
 fresh_copy() {
-  rm -rf "$SRC" "$WORK/restore" "$WORK"/*-repo "$WORK/kopia" "$WORK/restic-cache" "$WORK/ferry-cache"
+  [[ $VOLUME -eq 1 ]] || rm -rf "$SRC"
+  rm -rf "$WORK/restore" "$WORK"/*-repo "$WORK/kopia" "$WORK/restic-cache" "$WORK/ferry-cache"
   if [[ -n "$S3_DATA" ]]; then rm -rf "${S3_DATA:?}"/*-run*; fi
+  if [[ $VOLUME -eq 1 ]]; then fresh_volume; return; fi
   cp -a "$DATA" "$SRC"
   sync
   # Warm-up read: every tool then starts with the data in the page cache.
@@ -467,6 +542,10 @@ fresh_copy() {
 
 # ---------------------------------------------------------------- the runs
 [[ -z "$REMOTE" ]] || start_remote
+if [[ $VOLUME -eq 1 ]]; then
+  make_volume
+  DATA_LABEL="a $((VOLUME_BYTES >> 30)) GiB ext4 volume (block device) half full of the first files of $DATA_LABEL"
+fi
 read -r LOAD_BEFORE < <(cut -d' ' -f1-3 /proc/loadavg)
 DATA_STATS="$(python3 "$HELPER" stats "$DATA")"
 say "data: $DATA_LABEL $DATA_STATS; work area $WORK; $RUNS run(s) of ${TOOL_LIST[*]}"
@@ -479,7 +558,8 @@ for ((run = 1; run <= RUNS; run++)); do
     "run_$tool" "$run"
   done
 done
-rm -rf "$SRC" "$WORK/restore" "$WORK"/*-repo
+if [[ $VOLUME -eq 1 ]]; then release_volume; else rm -rf "$SRC"; fi
+rm -rf "$WORK/restore" "$WORK"/*-repo "$VOLUME_BASE"
 [[ -z "$REMOTE" ]] || grep -h . "$WORK/netpath.log" >&2 || true
 stop_remote
 read -r LOAD_AFTER < <(cut -d' ' -f1-3 /proc/loadavg)
@@ -491,6 +571,7 @@ if [[ -z "$OUT" ]]; then
   mkdir -p "$ROOT/benches/results"
   name="$DATE-$HOST"
   [[ -z "$REMOTE" ]] || name="$name-remote-${RTT_MS}ms-${RATE_MBIT}mbit"
+  [[ $VOLUME -eq 0 ]] || name="$name-volume"
   OUT="$ROOT/benches/results/$name.md"
   [[ -e "$OUT" ]] && OUT="$ROOT/benches/results/$name-$(date +%H%M%S).md"
 fi

@@ -61,37 +61,7 @@ REPO="file://$WORK/repo"
 "$FERRY" repo init --repo "$REPO" >/dev/null
 
 # The files to put on the volume, hard-linked (copied across file systems) in path order.
-python3 - "$DATA" "$WORK/data" "$SIZE" "$FILL" <<'PY'
-import os, shutil, sys
-src, dst, size_total, fill = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-budget = size_total * fill // 100
-total = files = 0
-full = False
-for root, dirs, names in os.walk(src):
-    if full:
-        break
-    dirs.sort()
-    rel = os.path.relpath(root, src)
-    os.makedirs(os.path.join(dst, rel), exist_ok=True)
-    for name in sorted(names):
-        if name == ".complete":
-            continue
-        a, b = os.path.join(root, name), os.path.join(dst, rel, name)
-        if os.path.islink(a):
-            os.symlink(os.readlink(a), b)
-            continue
-        size = os.path.getsize(a)
-        if total + size > budget:
-            full = True
-            break
-        try:
-            os.link(a, b)
-        except OSError:
-            shutil.copy2(a, b)
-        total += size
-        files += 1
-print(f"volume: {files} files, {total / 1e9:.2f} GB of file data ({total * 100 / size_total:.0f} % of the volume)")
-PY
+echo "volume: $(python3 "$HERE/helper.py" first-files "$DATA" "$WORK/data" --bytes "$((SIZE * FILL / 100))") ($FILL % of the volume)"
 truncate -s "$SIZE" "$WORK/volume.img"
 mkfs.ext4 -q -F -d "$WORK/data" "$WORK/volume.img"
 rm -rf "$WORK/data"
