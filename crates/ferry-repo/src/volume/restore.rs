@@ -1,7 +1,11 @@
-//! Volume restore: check the target's size, then writer threads take segments of the volume,
-//! fetch their chunks with few merged ranged reads, verify each and write it in place; gaps
-//! are zeroed (or skipped when the target is known to read as zeros); fsync last.
+//! Volume restore: check the target's size and find every chunk in the index, then writer
+//! threads zero the gaps (or skip them when the target is known to read as zeros) and take
+//! the pack reads in turn: the chunks are grouped by pack, not by device offset, so each
+//! stored byte is downloaded at most once, in few large ranged reads, whichever device ranges
+//! its chunks go to (a frame of short chunks from all over the volume is opened once); each
+//! chunk is verified and written in place; fsync last.
 
+use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,27 +16,37 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobOpener, ChunkRef, FormatError, ObjectKind, SnapshotId, SnapshotKind};
-use crate::pack_reads;
+use crate::pack_reads::{self, PackRead};
 use crate::place::Place;
 use crate::progress::{Counters, ProgressFn, Ticker};
 use crate::repo::{MemIndex, Repository};
 use crate::volume::device::{DeviceKind, Volume, is_zero};
 use crate::volume::{VolumeMap, VolumeRestoreOptions, VolumeRestoreSummary};
 
-/// Device bytes per segment handed to a writer.
-const SEGMENT_BYTES: u64 = 16 << 20;
+/// Bytes a writer takes at once, at most: of chunks to write (or of reads, if more), or of
+/// gaps to zero (a gap counted as at most this much).
+const UNIT_BYTES: u64 = 16 << 20;
 /// Granularity at which all-zero parts of a chunk are left unwritten on a zeroed target.
 const ZERO_BLOCK: usize = 4096;
 
-#[derive(Debug, Default)]
-struct Segment {
-    chunks: Vec<(u64, ChunkRef)>,
+/// What a writer takes: gaps to zero, or consecutive pack reads.
+#[derive(Debug)]
+enum Unit {
+    Gaps(Range<usize>),
+    Reads(Range<usize>),
+}
+
+/// The whole restore's work, planned before the target is touched.
+struct Work {
     gaps: Vec<(u64, u64)>,
+    /// Every chunk with its place in the repository, sorted by pack and offset.
+    wants: Vec<Want>,
+    reads: Vec<PackRead>,
+    units: Vec<Unit>,
 }
 
 struct Shared {
     repo: Repository,
-    index: Arc<MemIndex>,
     handle: tokio::runtime::Handle,
     stop: CancellationToken,
     target: Volume,
@@ -40,7 +54,7 @@ struct Shared {
     zeroed: bool,
     progress: Counters,
     failure: Mutex<Option<RepoError>>,
-    segments: Vec<Segment>,
+    work: Work,
     next: AtomicUsize,
 }
 
@@ -130,13 +144,19 @@ async fn restore_volume_leased(
     }
     let map = VolumeMap::from_snapshot(&snapshot).map_err(|e| RepoError::corrupt(object(), e))?;
     let index = repo.refresh_index(cancel).await?;
+    // A chunk missing from the index fails the restore before the target is touched.
+    let threads = super::threads(options.threads);
+    let (chunks, gaps) = (map.chunks, map.gaps);
+    let work =
+        tokio::task::spawn_blocking(move || plan(chunks, gaps, &index, threads)).await.map_err(
+            |e| RepoError::Internal { what: "volume restore plan", reason: e.to_string() },
+        )??;
     let target = place.path();
     let (volume, created, zeroed) = open_target(place, map.size, options.target_zeroed)?;
     let target_size = volume.size.max(map.size);
     let stop = cancel.child_token();
     let shared = Arc::new(Shared {
         repo: repo.clone(),
-        index,
         handle: tokio::runtime::Handle::current(),
         stop,
         target: volume,
@@ -144,7 +164,7 @@ async fn restore_volume_leased(
         zeroed,
         progress: Counters::default(),
         failure: Mutex::new(None),
-        segments: plan(&map),
+        work,
         next: AtomicUsize::new(0),
     });
     shared.progress.bytes_total.store(map.size, Ordering::Relaxed);
@@ -152,7 +172,6 @@ async fn restore_volume_leased(
         let shared = Arc::clone(&shared);
         Ticker::start(progress.clone(), move || shared.progress.snapshot(0, false))
     };
-    let threads = super::threads(options.threads);
     let ran = {
         let shared = Arc::clone(&shared);
         tokio::task::spawn_blocking(move || run_writers(&shared, threads))
@@ -226,37 +245,85 @@ fn open_target(place: Place<'_>, size: u64, zeroed: bool) -> RepoResult<(Volume,
     }
 }
 
-/// Cuts the volume into segments of about [`SEGMENT_BYTES`] of device range.
-fn plan(map: &VolumeMap) -> Vec<Segment> {
-    let mut segments = Vec::new();
-    let mut current = Segment::default();
-    let mut span = 0u64;
-    let (mut chunks, mut gaps) = (map.chunks.iter().peekable(), map.gaps.iter().peekable());
-    loop {
-        let take_chunk = match (chunks.peek(), gaps.peek()) {
-            (Some((c, _)), Some((g, _))) => c < g,
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
-            (None, None) => break,
-        };
-        if take_chunk {
-            if let Some(&(offset, c)) = chunks.next() {
-                current.chunks.push((offset, c));
-                span += u64::from(c.len);
-            }
-        } else if let Some(&(offset, len)) = gaps.next() {
-            current.gaps.push((offset, len));
-            span += len.min(SEGMENT_BYTES);
+/// Finds every chunk in the index and groups them into pack reads (each stored byte read at
+/// most once), and the reads and gaps into units for `threads` writers, the gap units spread
+/// among the read units (progress then moves as the device is covered).
+fn plan(
+    chunks: Vec<(u64, ChunkRef)>,
+    gaps: Vec<(u64, u64)>,
+    index: &MemIndex,
+    threads: usize,
+) -> RepoResult<Work> {
+    let mut wants = Vec::with_capacity(chunks.len());
+    let mut raw_total = 0u64;
+    for (offset, chunk) in chunks {
+        let loc = index.lookup(&chunk.id).ok_or_else(|| RepoError::MissingBlob {
+            id: chunk.id,
+            referrer: format!("volume offset {offset}"),
+        })?;
+        if !loc.kind.is_data() {
+            return Err(RepoError::corrupt(
+                format!("{} {} referenced as volume data", loc.kind, chunk.id),
+                FormatError::WrongKind { expected: ObjectKind::DataBlob, found: loc.kind },
+            ));
         }
-        if span >= SEGMENT_BYTES {
-            segments.push(std::mem::take(&mut current));
-            span = 0;
+        raw_total += u64::from(chunk.len);
+        wants.push(Want { loc, chunk, offset });
+    }
+    // Keys are unique (a device offset is written once): no stable sort needed.
+    wants.sort_unstable_by_key(|w| (w.loc.pack, w.loc.offset, w.chunk.id, w.offset));
+    let reads = pack_reads::plan(&wants, |w| &w.loc)?;
+    // Units small enough that every writer gets several.
+    let per_unit = UNIT_BYTES.min(raw_total / (4 * threads.max(1) as u64)).max(1 << 20);
+    let mut read_units = Vec::new();
+    let (mut from, mut bytes) = (0, 0);
+    for (i, read) in reads.iter().enumerate() {
+        let raw: u64 = wants[read.wants.clone()].iter().map(|w| u64::from(w.chunk.len)).sum();
+        bytes += raw.max(read.len);
+        if bytes >= per_unit {
+            read_units.push(Unit::Reads(from..i + 1));
+            (from, bytes) = (i + 1, 0);
         }
     }
-    if !current.chunks.is_empty() || !current.gaps.is_empty() {
-        segments.push(current);
+    if from < reads.len() {
+        read_units.push(Unit::Reads(from..reads.len()));
     }
-    segments
+    let mut gap_units = Vec::new();
+    let (mut from, mut bytes) = (0, 0);
+    for (i, (_, len)) in gaps.iter().enumerate() {
+        bytes += (*len).min(UNIT_BYTES);
+        if bytes >= UNIT_BYTES {
+            gap_units.push(Unit::Gaps(from..i + 1));
+            (from, bytes) = (i + 1, 0);
+        }
+    }
+    if from < gaps.len() {
+        gap_units.push(Unit::Gaps(from..gaps.len()));
+    }
+    let units = interleave(read_units, gap_units);
+    Ok(Work { gaps, wants, reads, units })
+}
+
+/// `a` and `b` merged, each one's items spread evenly among the other's.
+fn interleave<T>(a: Vec<T>, b: Vec<T>) -> Vec<T> {
+    let (na, nb) = (a.len(), b.len());
+    let mut out = Vec::with_capacity(na + nb);
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    let (mut ta, mut tb) = (0usize, 0usize);
+    while a.peek().is_some() || b.peek().is_some() {
+        // Take from `a` while it is behind its share of what was taken.
+        let from_a = b.peek().is_none() || (a.peek().is_some() && ta * nb <= tb * na);
+        let next = if from_a { a.next() } else { b.next() };
+        if let Some(item) = next {
+            out.push(item);
+        }
+        if from_a {
+            ta += 1;
+        } else {
+            tb += 1;
+        }
+    }
+    out
 }
 
 fn run_writers(shared: &Shared, threads: usize) -> RepoResult<()> {
@@ -267,8 +334,12 @@ fn run_writers(shared: &Shared, threads: usize) -> RepoResult<()> {
                     let zeros = vec![0u8; 1 << 20];
                     loop {
                         let i = shared.next.fetch_add(1, Ordering::Relaxed);
-                        let Some(segment) = shared.segments.get(i) else { return };
-                        if let Err(e) = write_segment(shared, segment, &zeros) {
+                        let done = match shared.work.units.get(i) {
+                            None => return,
+                            Some(Unit::Gaps(gaps)) => zero_gaps(shared, gaps.clone(), &zeros),
+                            Some(Unit::Reads(reads)) => write_reads(shared, reads.clone()),
+                        };
+                        if let Err(e) = done {
                             shared.fail(e);
                             return;
                         }
@@ -299,9 +370,9 @@ struct Want {
     offset: u64,
 }
 
-fn write_segment(shared: &Shared, segment: &Segment, zeros: &[u8]) -> RepoResult<()> {
-    let progress = &shared.progress;
-    for &(offset, len) in &segment.gaps {
+/// Zeroes the gaps of `range` (not at all on a target that reads as zeros).
+fn zero_gaps(shared: &Shared, range: Range<usize>, zeros: &[u8]) -> RepoResult<()> {
+    for &(offset, len) in &shared.work.gaps[range] {
         if shared.stop.is_cancelled() {
             return Err(RepoError::Cancelled);
         }
@@ -311,26 +382,17 @@ fn write_segment(shared: &Shared, segment: &Segment, zeros: &[u8]) -> RepoResult
                 .zero_range(offset, len, zeros)
                 .map_err(|e| RepoError::io("zero a range of", &shared.path, e))?;
         }
-        progress.bytes_skipped.fetch_add(len, Ordering::Relaxed);
-        progress.bytes_done.fetch_add(len, Ordering::Relaxed);
+        shared.progress.bytes_skipped.fetch_add(len, Ordering::Relaxed);
+        shared.progress.bytes_done.fetch_add(len, Ordering::Relaxed);
     }
-    let mut wants = Vec::with_capacity(segment.chunks.len());
-    for &(offset, chunk) in &segment.chunks {
-        let loc = shared.index.lookup(&chunk.id).ok_or_else(|| RepoError::MissingBlob {
-            id: chunk.id,
-            referrer: format!("volume offset {offset}"),
-        })?;
-        if !loc.kind.is_data() {
-            return Err(RepoError::corrupt(
-                format!("{} {} referenced as volume data", loc.kind, chunk.id),
-                FormatError::WrongKind { expected: ObjectKind::DataBlob, found: loc.kind },
-            ));
-        }
-        wants.push(Want { loc, chunk, offset });
-    }
-    wants.sort_by_key(|w| (w.loc.pack, w.loc.offset, w.chunk.id));
-    let reads = pack_reads::plan(&wants, |w| &w.loc)?;
-    shared.repo.fetch_packs_in_order(&shared.handle, &reads, &shared.stop, |read, bytes| {
+    Ok(())
+}
+
+/// Fetches the pack reads of `range` and writes each of their chunks where it goes.
+fn write_reads(shared: &Shared, range: Range<usize>) -> RepoResult<()> {
+    let progress = &shared.progress;
+    let (wants, reads) = (&shared.work.wants, &shared.work.reads[range]);
+    shared.repo.fetch_packs_in_order(&shared.handle, reads, &shared.stop, |read, bytes| {
         let mut opener = BlobOpener::default();
         for w in &wants[read.wants.clone()] {
             let object = || format!("data blob {} in pack {}", w.chunk.id, read.key);
@@ -385,4 +447,19 @@ fn write_chunk(shared: &Shared, raw: &[u8], offset: u64) -> RepoResult<()> {
         write(&raw[from..], offset + from as u64)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::interleave;
+
+    #[test]
+    fn interleaving_spreads_the_fewer_among_the_more() {
+        let mixed = interleave(vec!['r'; 6], vec!['g'; 2]);
+        assert_eq!(mixed.iter().collect::<String>(), "rgrrrgrr");
+        assert_eq!(interleave(vec![1, 2], Vec::new()), [1, 2]);
+        assert_eq!(interleave(Vec::new(), vec![3]), [3]);
+        let even = interleave(vec![0; 5], vec![1; 5]);
+        assert_eq!(even, [0, 1, 0, 1, 0, 1, 0, 1, 0, 1]);
+    }
 }

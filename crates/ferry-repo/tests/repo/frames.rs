@@ -223,7 +223,7 @@ async fn batches_that_share_frames_restore_every_file() -> TestResult {
 /// Sums the bytes of ranged reads of data packs, each read held back a little so that
 /// restore batches overlap (a hook for [`ferry_store::Hooked`]).
 #[derive(Debug, Default)]
-struct RangedBytes(std::sync::atomic::AtomicU64);
+struct RangedBytes(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64);
 
 #[async_trait::async_trait]
 impl ferry_store::Hook for RangedBytes {
@@ -232,6 +232,7 @@ impl ferry_store::Hook for RangedBytes {
             && key.as_str().starts_with("data/")
         {
             self.0.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
@@ -276,5 +277,70 @@ async fn a_restore_downloads_each_frame_once() -> TestResult {
     // hundred KiB of slack, where frames fetched per batch came to over twice the packs.
     assert!(down > packs / 2, "the data came by ranged reads: {down} of {packs} bytes");
     assert!(down <= packs + packs / 5, "{down} bytes downloaded of {packs} bytes of data packs");
+    Ok(())
+}
+
+/// A volume restore reads each stored byte at most once, in at most a read per pack, wherever
+/// on the volume its chunks go: an image of 64 KiB chunks (so every chunk is framed) with 300
+/// islands of 8 KiB between holes, one island written twice (the same chunk at two offsets),
+/// and 12 MiB of noise in three places, restored through a slowed, counting store. (Read by
+/// device range, frames and packs were fetched again by each range that had a chunk in them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_restore_reads_each_stored_byte_once() -> TestResult {
+    use std::os::unix::fs::FileExt;
+    let cancel = CancellationToken::new();
+    let tmp = tempfile::tempdir()?;
+    let image = tmp.path().join("volume.img");
+    let f = std::fs::File::create(&image)?;
+    f.set_len(96 << 20)?;
+    let island = |n: u64| {
+        let mut island = vec![0; 8192];
+        blake3::Hasher::new().update(&n.to_le_bytes()).finalize_xof().fill(&mut island);
+        island
+    };
+    for n in 0..300u64 {
+        f.write_all_at(&island(n), n * (256 << 10) + 65_536)?;
+    }
+    f.write_all_at(&island(7), 300 * (256 << 10) + 65_536)?;
+    for (i, at) in [10u64, 40, 70].into_iter().enumerate() {
+        f.write_all_at(&noise(4 << 20, i as u8), (at << 20) + 128 * 1024)?;
+    }
+    f.sync_all()?;
+    let (repo, store) = memory_repo_of(RepoFormat::V3).await?;
+    let options =
+        ferry_repo::VolumeBackupOptions { threads: 2, chunk_size: 64 << 10, ..Default::default() };
+    let b = ferry_repo::backup_volume(&repo, &image, &options, None, &cancel).await?;
+    let map =
+        ferry_repo::VolumeMap::from_snapshot(&repo.load_snapshot(&b.snapshot_id, &cancel).await?)?;
+    let mut ids = std::collections::HashMap::new();
+    for (offset, chunk) in &map.chunks {
+        let loc = repo.locate(&chunk.id, &cancel).await?.ok_or("chunk not indexed")?;
+        assert_eq!(loc.kind, ObjectKind::FramedData, "the chunk at {offset}");
+        *ids.entry(chunk.id).or_insert(0) += 1;
+    }
+    assert!(ids.values().any(|n| *n == 2), "one chunk at two offsets");
+    let listed = store.list("data/", &cancel).await?;
+    let packs: u64 = listed.iter().map(|m| m.size).sum();
+
+    let inner: Arc<dyn ObjectStore> = store.clone();
+    let hooked = Arc::new(ferry_store::Hooked::new(inner, RangedBytes::default()));
+    let reader = Repository::open(hooked.clone(), b"secret", &cancel).await?;
+    let out = tmp.path().join("restored.img");
+    let restore_options = ferry_repo::VolumeRestoreOptions { threads: 4, ..Default::default() };
+    ferry_repo::restore_volume(&reader, &b.snapshot_id, &out, &restore_options, None, &cancel)
+        .await?;
+    let (a, b) = (std::fs::File::open(&image)?, std::fs::File::open(&out)?);
+    assert_eq!(a.metadata()?.len(), b.metadata()?.len());
+    let (mut x, mut y) = (vec![0; 1 << 20], vec![0; 1 << 20]);
+    for block in 0..96u64 {
+        a.read_exact_at(&mut x, block << 20)?;
+        b.read_exact_at(&mut y, block << 20)?;
+        assert!(x == y, "MiB {block} of the restored image differs");
+    }
+    let down = hooked.hook().0.load(std::sync::atomic::Ordering::Relaxed);
+    let reads = hooked.hook().1.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(down > packs / 2, "the data came by ranged reads: {down} of {packs} bytes");
+    assert!(down <= packs, "{down} bytes downloaded of {packs} bytes of data packs");
+    assert!(reads <= listed.len() as u64, "{reads} reads of {} packs", listed.len());
     Ok(())
 }
