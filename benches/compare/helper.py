@@ -220,7 +220,10 @@ def cmd_gen_tree(args):
 
     Each file is a unique header line followed by a slice of a 32 MiB pool of word text taken
     at a seeded offset: files compress like text and do not deduplicate against each other.
+    With --dirs K: N empty files in K directories side by side (entries, not bytes).
     """
+    if args.dirs:
+        return gen_flat(args.dir, args.files, args.dirs)
     rng = random.Random(args.seed)
     pool_words = rng.choices(GEN_WORDS, k=6 * 1024 * 1024)
     pool = " ".join(pool_words).encode()[: 32 << 20]
@@ -248,6 +251,17 @@ def cmd_gen_tree(args):
             os.close(fd)
         total += len(body)
     print(json.dumps({"files": args.files, "bytes": total}))
+
+
+def gen_flat(root, files, dirs):
+    """N empty files in K directories, f0000000 upwards in each."""
+    per = -(-files // dirs)
+    for d in range(dirs):
+        path = os.path.join(root, f"d{d}")
+        os.makedirs(path, exist_ok=True)
+        for i in range(d * per, min(files, (d + 1) * per)):
+            os.close(os.open(os.path.join(path, f"f{i:08}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+    print(json.dumps({"files": files, "bytes": 0}))
 
 
 def cmd_mutate(args):
@@ -657,6 +671,7 @@ def main():
     g.add_argument("dir")
     g.add_argument("--files", type=int, required=True)
     g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--dirs", type=int, default=0)
     g.set_defaults(func=cmd_gen_tree)
 
     mu = sub.add_parser("mutate")

@@ -13,7 +13,7 @@
 #                               [--work DIR] [--timeout SECONDS] [--note TEXT] [--out FILE]
 #                               [--no-verify] [--restore-dir]
 #                               [--remote RTT_MS/RATE_MBIT] [--s3-dir DIR] [--files N]
-#                               [--volume]
+#                               [--volume] [--flat K]
 # --restore-dir restores into a plain directory of the work area instead of a fresh ext4 file
 # system on a loop device (which needs root, losetup and mkfs.ext4).
 # --remote 20/1000 puts every repository in MinIO, reached over a path of 20 ms round trip and
@@ -21,6 +21,8 @@
 # HTTP requests and bytes of every step; MinIO keeps its objects in --s3-dir (/dev/shm).
 # --files 1000000 uses a synthetic tree of that many small files (helper.py gen-tree: about
 # 2.9 KB a file, 1,000 per directory), generated once into the cache, and reports time per file.
+# --flat K (with --files N): N empty files in K directories side by side instead (the cost of
+# entries in large directories, not of bytes).
 # --volume backs up a block device instead of a tree: a 2 GiB ext4 volume on a loop device, half
 # full of the data's first files in path order (made once per run.sh, copied afresh for each
 # tool). Ferry reads the device (`ferry backup DEV`); kopia and restic read it as one stream, as
@@ -56,6 +58,7 @@ RESTORE_FS=1
 REMOTE=""
 S3_DIR=/dev/shm
 FILES=""
+FLAT=""
 VOLUME=0
 VOLUME_BYTES=$((2 << 30))
 S3_KEY=ferry-bench
@@ -79,13 +82,15 @@ while [[ $# -gt 0 ]]; do
     --s3-dir) S3_DIR="${2:?--s3-dir needs a directory}"; shift 2 ;;
     --files) FILES="${2:?--files needs a number of files}"; shift 2 ;;
     --volume) VOLUME=1; shift ;;
-    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --flat) FLAT="${2:?--flat needs a number of directories}"; shift 2 ;;
+    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
 [[ "$RUNS" =~ ^[1-9][0-9]?$ ]] || die "--runs must be 1..99"
 [[ -z "$FILES" || "$FILES" =~ ^[1-9][0-9]{0,8}$ ]] || die "--files must be 1..999999999"
 [[ -z "$FILES" || -z "$DATA" ]] || die "--files and --data exclude each other"
+[[ -z "$FLAT" || ( -n "$FILES" && "$FLAT" =~ ^[1-9][0-9]{0,5}$ ) ]] || die "--flat takes 1..999999 directories, with --files"
 [[ "$TIMEOUT" =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive number of seconds"
 if [[ $VOLUME -eq 1 ]]; then
   [[ $(id -u) -eq 0 ]] || die "--volume needs root (losetup, mount)"
@@ -172,11 +177,12 @@ linux_tree() {
 # A synthetic tree of $FILES small files, generated once into the cache (deterministic).
 synthetic_tree() {
   local base="$CACHE/data/synthetic-$FILES-seed$SEED"
+  [[ -z "$FLAT" ]] || base="$CACHE/data/synthetic-$FILES-empty-in-$FLAT-dirs"
   if [[ -e "$base/.complete" ]]; then echo "$base/tree"; return 0; fi
   rm -rf "$base"
   mkdir -p "$base"
   say "generating a synthetic tree of $FILES files (once; cached in $base)"
-  timeout "$TIMEOUT" python3 "$HELPER" gen-tree "$base/tree" --files "$FILES" --seed "$SEED" >&2 ||
+  timeout "$TIMEOUT" python3 "$HELPER" gen-tree "$base/tree" --files "$FILES" --seed "$SEED" ${FLAT:+--dirs "$FLAT"} >&2 ||
     { rm -rf "$base"; die "generating the synthetic tree failed"; }
   touch "$base/.complete"
   echo "$base/tree"
@@ -214,6 +220,7 @@ if [[ -n "$DATA" ]]; then
 elif [[ -n "$FILES" ]]; then
   DATA="$(synthetic_tree)"
   DATA_LABEL="a synthetic tree of $FILES small files (helper.py gen-tree, seed $SEED)"
+  [[ -z "$FLAT" ]] || DATA_LABEL="$FILES empty files in $FLAT directories (helper.py gen-tree --dirs $FLAT)"
 else
   LINUX_BASE="$(linux_tree)"
   DATA="$LINUX_BASE/$LINUX_PACKAGE"
@@ -340,12 +347,15 @@ mount_restore() {
   local image="$WORK/restore.img" bytes entries
   bytes="$(du -sb "$SRC" | cut -f1)"
   entries="$(find "$SRC" | wc -l)"
-  truncate -s "$(((bytes * 3 >> 20) + 1024))M" "$image"
   # Inode tables and journal written now, so no background initialisation runs during the
   # restore. Inodes for twice the tree's entries (mkfs's default of one per 16 KiB is too few
-  # for trees of many small files), and at least mkfs's default.
-  local inodes=$(((bytes * 3 + (1 << 30)) >> 14))
+  # for trees of many small files), and at least mkfs's default; the image (sparse) large
+  # enough for them (inode tables, directory blocks) whatever the bytes.
+  local size=$((bytes * 3 + (1 << 30)))
+  local inodes=$((size >> 14))
   ((inodes >= entries * 2)) || inodes=$((entries * 2))
+  ((size >= inodes * 2048)) || size=$((inodes * 2048))
+  truncate -s "$(((size >> 20) + 1))M" "$image"
   quiet mkfs.ext4 -q -F -N "$inodes" -E lazy_itable_init=0,lazy_journal_init=0 "$image"
   RESTORE_LOOP="$(losetup --find --show "$image")"
   mkdir -p "$RESTORE"
