@@ -23,8 +23,9 @@ use crate::repo::{MemIndex, Repository};
 use crate::volume::device::{DeviceKind, Volume, is_zero};
 use crate::volume::{VolumeMap, VolumeRestoreOptions, VolumeRestoreSummary};
 
-/// Bytes a writer takes at once, at most: of chunks to write (or of reads, if more), or of
-/// gaps to zero (a gap counted as at most this much).
+/// Bytes a writer takes at once, about: a unit closes once it reaches this, of chunks to write
+/// (or of reads, if more), or of gaps to zero (a gap counted as at most this much); one read
+/// or gap can take it over.
 const UNIT_BYTES: u64 = 16 << 20;
 /// Granularity at which all-zero parts of a chunk are left unwritten on a zeroed target.
 const ZERO_BLOCK: usize = 4096;
@@ -151,6 +152,9 @@ async fn restore_volume_leased(
         tokio::task::spawn_blocking(move || plan(chunks, gaps, &index, threads)).await.map_err(
             |e| RepoError::Internal { what: "volume restore plan", reason: e.to_string() },
         )??;
+    if cancel.is_cancelled() {
+        return Err(RepoError::Cancelled);
+    }
     let target = place.path();
     let (volume, created, zeroed) = open_target(place, map.size, options.target_zeroed)?;
     let target_size = volume.size.max(map.size);
@@ -273,7 +277,8 @@ fn plan(
     // Keys are unique (a device offset is written once): no stable sort needed.
     wants.sort_unstable_by_key(|w| (w.loc.pack, w.loc.offset, w.chunk.id, w.offset));
     let reads = pack_reads::plan(&wants, |w| &w.loc)?;
-    // Units small enough that every writer gets several.
+    // Units small enough that every writer gets several, where reads are smaller than a unit
+    // (a read is never split: a volume of a few whole-pack reads gets a unit a read).
     let per_unit = UNIT_BYTES.min(raw_total / (4 * threads.max(1) as u64)).max(1 << 20);
     let mut read_units = Vec::new();
     let (mut from, mut bytes) = (0, 0);
