@@ -18,6 +18,7 @@
 //! hash to the full id: the frame's encryption authenticates the frame, the hash each blob.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use crate::format::{
     BlobId, FormatError, ObjectKind, PackId, RepoKeys, associated_data, compress, open_blob,
@@ -185,7 +186,7 @@ impl Frame {
 /// a reader going through a pack in order opens each frame once for all its blobs.
 #[derive(Debug, Default)]
 pub struct BlobOpener {
-    last: Option<((PackId, u32), Frame)>,
+    last: Option<((PackId, u32), Arc<Frame>)>,
 }
 
 impl BlobOpener {
@@ -199,19 +200,36 @@ impl BlobOpener {
         keys: &RepoKeys,
         id: &BlobId,
         (kind, raw_length): (ObjectKind, u32),
-        (pack, offset): (PackId, u32),
+        at: (PackId, u32),
         sealed: &[u8],
     ) -> Result<Cow<'a, [u8]>, FormatError> {
         if kind != ObjectKind::FramedData {
             return open_blob(keys, id, kind, sealed).map(Cow::Owned);
         }
-        if !matches!(&self.last, Some((at, _)) if *at == (pack, offset)) {
-            self.last = Some(((pack, offset), Frame::open(keys, sealed)?));
+        let (frame, _) = self.frame(keys, at, sealed)?;
+        frame.blob(keys, id, raw_length).map(Cow::Borrowed)
+    }
+
+    /// The frame whose sealed bytes are `sealed`, at `offset` in pack `pack`, and whether it
+    /// was opened by this call (not kept from the last one).
+    ///
+    /// # Errors
+    /// As [`Frame::open`].
+    pub fn frame(
+        &mut self,
+        keys: &RepoKeys,
+        (pack, offset): (PackId, u32),
+        sealed: &[u8],
+    ) -> Result<(&Arc<Frame>, bool), FormatError> {
+        let fresh = !matches!(&self.last, Some((at, _)) if *at == (pack, offset));
+        if fresh {
+            self.last = None;
         }
-        match &self.last {
-            Some((_, frame)) => frame.blob(keys, id, raw_length).map(Cow::Borrowed),
-            None => Err(FormatError::Invalid { what: "frame", reason: "not opened".into() }),
-        }
+        let (_, frame) = match self.last.take() {
+            Some(last) => self.last.insert(last),
+            None => self.last.insert(((pack, offset), Arc::new(Frame::open(keys, sealed)?))),
+        };
+        Ok((frame, fresh))
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::frames::{Claim, Claims, FrameKey};
 use crate::error::{RepoError, RepoResult};
-use crate::format::{ChunkRef, Frame, Metadata, ObjectKind, open_blob};
+use crate::format::{BlobOpener, ChunkRef, Frame, Metadata, ObjectKind, open_blob};
 use crate::pack_reads;
 use crate::repo::BlobLocation;
 use crate::restore::Shared;
@@ -215,27 +215,18 @@ fn fetch_and_write(
     });
     let keys = shared.repo.keys();
     shared.repo.fetch_packs_in_order(&shared.handle, &reads, &shared.stop, |read, bytes| {
-        let mut frame: Option<(FrameKey, Arc<Frame>)> = None;
+        let mut opener = BlobOpener::default();
         let mut last: Option<(crate::format::BlobId, Vec<u8>)> = None;
         for w in &wants[read.wants.clone()] {
             let sealed = read.sealed(&bytes, &w.loc)?;
-            let corrupt =
-                |e| RepoError::corrupt(format!("data blob {} in pack {}", w.chunk.id, read.key), e);
+            let corrupt = |e| RepoError::corrupt(blob_in(w), e);
             if w.loc.kind == ObjectKind::FramedData {
                 let at = (w.loc.pack, w.loc.offset);
-                let opened = match &frame {
-                    Some((key, opened)) if *key == at => Arc::clone(opened),
-                    _ => {
-                        let opened = Arc::new(Frame::open(keys, sealed).map_err(corrupt)?);
-                        if claims.open.contains(&at) {
-                            claims.publish(at, Arc::clone(&opened));
-                        }
-                        frame = Some((at, Arc::clone(&opened)));
-                        opened
-                    }
-                };
-                let raw = opened.blob(keys, &w.chunk.id, w.loc.raw_length).map_err(corrupt)?;
-                write_want(shared, batch, w, raw)?;
+                let (frame, fresh) = opener.frame(keys, at, sealed).map_err(corrupt)?;
+                if fresh && claims.open.contains(&at) {
+                    claims.publish(at, Arc::clone(frame));
+                }
+                write_framed(shared, batch, frame, w)?;
                 continue;
             }
             let raw = match &last {
