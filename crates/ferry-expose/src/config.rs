@@ -43,7 +43,8 @@ pub struct ExposerConfig {
     /// A priority class for the pods, if any.
     pub priority_class_name: Option<String>,
     /// How long a holding pod may stay unschedulable before the CR fails with the
-    /// scheduler's reason (instead of waiting out the whole operation timeout).
+    /// scheduler's reason (instead of waiting out the whole operation timeout). Not counted
+    /// while the scheduler only waits for the pod's claim to be bound (still provisioning).
     pub unschedulable_grace: Duration,
     /// How long the agent looks for an exposed volume on its node before it says, in a log
     /// line and a Warning Event on the CR, what it is still waiting for (the holding pod, the

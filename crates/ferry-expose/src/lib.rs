@@ -20,7 +20,9 @@
 //! holding pods, per storage class), `podResources`, `podLabels` and `podAnnotations`.
 //!
 //! Every wait is bounded by the CR's `operationTimeout` and its cancellation, and a pod that
-//! fails or cannot be scheduled fails the CR with the cluster's reason. While the agent looks
+//! fails, or that the scheduler rejects for longer than [`ExposerConfig::unschedulable_grace`],
+//! fails the CR with the cluster's reason (a claim not bound yet is waited for: a volume made
+//! from a snapshot may take minutes to provision). While the agent looks
 //! for the exposed volume on its node (a mount point by mount identity, so bind mounts count),
 //! a wait longer than [`ExposerConfig::volume_wait_grace`] is told in a log line and a
 //! [`WAITING_FOR_VOLUME`] Warning Event naming the pod, the volume and the path expected.

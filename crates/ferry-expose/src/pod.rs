@@ -37,8 +37,16 @@ pub(crate) async fn wait_placed(
     .await
 }
 
+/// What kube-scheduler (its VolumeBinding plugin) says of a pod whose claim of an Immediate
+/// binding class is not bound yet. The volume is still being provisioned, not refused: made
+/// from a snapshot, that can take minutes (the hostpath driver copies the whole snapshot, a
+/// cloud disk is hydrated). Only the operation's timeout bounds that wait, as in Velero,
+/// which fails no pod for being unschedulable.
+const UNBOUND_CLAIM: &str = "pod has unbound immediate PersistentVolumeClaims";
+
 /// The node the pod was placed on, once it is; a failed pod, or one the scheduler has
-/// rejected for longer than `grace`, is an error carrying the cluster's reason.
+/// rejected for longer than `grace` for another reason than its claim not bound yet, is an
+/// error carrying the cluster's reason.
 pub(crate) fn placed(
     pod: &Pod,
     grace: Duration,
@@ -61,6 +69,13 @@ pub(crate) fn placed(
             )
         });
     match rejected {
+        Some(reason) if reason.contains(UNBOUND_CLAIM) => {
+            *unschedulable.since.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            Ok(Look::NotYet(format!(
+                "pod {} waits for its volume to be provisioned ({reason})",
+                pod.name_any()
+            )))
+        }
         Some(reason) => {
             let since = *unschedulable
                 .since
@@ -205,5 +220,41 @@ mod tests {
         let pod: Pod =
             serde_json::from_value(json!({ "metadata": { "name": "p" }, "status": {} })).unwrap();
         assert_eq!(not_running_because(&pod), "without a phase");
+    }
+
+    fn rejected(message: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": { "name": "hold" },
+            "status": { "phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": message,
+            }] },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_claim_still_provisioning_is_waited_for_past_the_grace_and_a_rejection_is_not() {
+        let unschedulable = Unschedulable::default();
+        // Bound only after the grace (a volume made from a large snapshot): still waiting.
+        let provisioning =
+            rejected("0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims.");
+        for _ in 0..2 {
+            match placed(&provisioning, Duration::ZERO, &unschedulable).unwrap() {
+                Look::NotYet(why) => assert!(why.contains("waits for its volume"), "{why}"),
+                Look::Ready(node) => panic!("placed on {node}"),
+            }
+        }
+        // Any other rejection fails once the grace is over, with the scheduler's words.
+        let cordoned = rejected("0/1 nodes are available: 1 node(s) were unschedulable.");
+        let Err(err) = placed(&cordoned, Duration::ZERO, &unschedulable) else {
+            panic!("a rejection past the grace was not an error")
+        };
+        let err = err.to_string();
+        assert!(err.contains("cannot be scheduled") && err.contains("were unschedulable"), "{err}");
+        assert!(matches!(
+            placed(&cordoned, Duration::from_secs(60), &Unschedulable::default()),
+            Ok(Look::NotYet(_))
+        ));
     }
 }

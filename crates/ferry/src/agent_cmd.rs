@@ -71,7 +71,9 @@ pub struct AgentArgs {
     /// Node liveness lease duration (Go duration).
     #[arg(long, default_value = "15s", value_parser = duration)]
     pub lease_duration: Duration,
-    /// How long a holding pod may be unschedulable before the CR fails (Go duration).
+    /// How long a holding pod may be unschedulable before the CR fails (Go duration). A pod
+    /// waiting only for its claim to be bound (a volume made from a snapshot can take minutes
+    /// to provision) is not counted: the operation timeout bounds that wait.
     #[arg(long, default_value = "1m", value_parser = duration)]
     pub unschedulable_grace: Duration,
     /// Use this one repository for everything instead of one per BackupStorageLocation and
