@@ -5,6 +5,7 @@
 //! path taken and the reason for every fallback are reported with the outcome.
 
 use std::fmt::Write as _;
+use std::time::{Duration, Instant};
 
 use ferry_agent::{BlockReads, CsiSnapshot};
 use ferry_cbt::{BlockMap, CbtError, Connection, Retry, Service, ServiceAccount, Tokens};
@@ -152,15 +153,32 @@ impl ChangedBlocks {
             }
         };
         if let Base::Kept(handle) = base {
+            let asked = Instant::now();
             match connection.delta(&snapshot.namespace, handle, &snapshot.name, cancel).await {
-                Ok(map) => return Ok(Planned::ranges(snapshot, map, Path::Delta, fallbacks)),
+                Ok(map) => {
+                    let answer = (map, asked.elapsed());
+                    return Ok(Planned::ranges(snapshot, answer, Path::Delta, fallbacks));
+                }
                 Err(e) => fallbacks = fallen(snapshot, "delta", &e, fallbacks)?,
             }
         }
+        let asked = Instant::now();
         match connection.allocated(&snapshot.namespace, &snapshot.name, cancel).await {
-            Ok(map) => Ok(Planned::ranges(snapshot, map, Path::Allocated, fallbacks)),
+            Ok(map) => {
+                let answer = (map, asked.elapsed());
+                Ok(Planned::ranges(snapshot, answer, Path::Allocated, fallbacks))
+            }
             Err(e) => fallen(snapshot, "allocated", &e, fallbacks).map(Planned::whole_after),
         }
+    }
+}
+
+/// How long asking took (the token, the stream and its retries), in words: `850 ms`, `11.0 s`.
+fn seconds(took: Duration) -> String {
+    if took < Duration::from_secs(1) {
+        format!("{} ms", took.as_millis())
+    } else {
+        format!("{:.1} s", took.as_secs_f64())
     }
 }
 
@@ -239,8 +257,9 @@ pub(crate) struct Planned {
     /// The volume size the ranges describe.
     pub plan_size: Option<u64>,
     path: Path,
-    /// The driver and the bytes its ranges cover (changed-block tracking used).
-    ranges: Option<(String, u64)>,
+    /// The driver, the bytes its ranges cover and how long it took to answer (changed-block
+    /// tracking used).
+    ranges: Option<(String, u64, Duration)>,
     /// Every fallback on the way, in order: the metric's label and the full reason.
     fallbacks: Vec<(&'static str, String)>,
     /// What else the report tells (why no delta was asked for), no fallback.
@@ -273,13 +292,23 @@ impl Planned {
         }
     }
 
+    /// A plan by the service's answer: its ranges and how long it took to give them all.
     fn ranges(
         snapshot: &CsiSnapshot,
-        map: BlockMap,
+        (map, took): (BlockMap, Duration),
         path: Path,
         fallbacks: Vec<(&'static str, String)>,
     ) -> Self {
         let bytes = map.bytes();
+        tracing::info!(
+            snapshot = %format!("{}/{}", snapshot.namespace, snapshot.name),
+            driver = %snapshot.driver,
+            path = path.as_str(),
+            ranges = map.ranges.len(),
+            bytes,
+            seconds = took.as_secs_f64(),
+            "the changed-block tracking service answered"
+        );
         let ranges = map.ranges.iter().map(|r| (r.offset, r.len)).collect();
         Self {
             read_plan: match path {
@@ -288,7 +317,7 @@ impl Planned {
             },
             plan_size: map.capacity,
             path,
-            ranges: Some((snapshot.driver.clone(), bytes)),
+            ranges: Some((snapshot.driver.clone(), bytes, took)),
             fallbacks,
             remarks: Vec::new(),
         }
@@ -337,15 +366,18 @@ impl Planned {
     pub(crate) fn report(&self, bytes_read: u64, size: u64) -> BlockReads {
         let mut note = format!("read {bytes_read} bytes of a {size}-byte block volume: ");
         let _ = match (&self.ranges, self.path) {
-            (Some((driver, bytes)), Path::Delta) => write!(
+            (Some((driver, bytes, took)), Path::Delta) => write!(
                 note,
                 "the ranges changed since the parent's snapshot ({bytes} bytes), from the \
-                 changed-block tracking of CSI driver {driver}; the rest taken from the parent"
+                 changed-block tracking of CSI driver {driver} (answered in {}); the rest taken \
+                 from the parent",
+                seconds(*took)
             ),
-            (Some((driver, bytes)), _) => write!(
+            (Some((driver, bytes, took)), _) => write!(
                 note,
                 "the snapshot's allocated ranges ({bytes} bytes), from the changed-block \
-                 tracking of CSI driver {driver}"
+                 tracking of CSI driver {driver} (answered in {})",
+                seconds(*took)
             ),
             (None, _) => write!(note, "the whole device (holes and zeros found by Ferry)"),
         };
@@ -380,14 +412,15 @@ mod tests {
             block_type: Some(BlockType::FixedLength),
             ranges: vec![Range { offset: 0, len: 4096 }, Range { offset: 1 << 20, len: 8192 }],
         };
-        let planned = Planned::ranges(&snapshot(), map, Path::Allocated, Vec::new());
+        let answer = (map, Duration::from_millis(850));
+        let planned = Planned::ranges(&snapshot(), answer, Path::Allocated, Vec::new());
         assert_eq!(planned.read_plan, ReadPlan::Only(vec![(0, 4096), (1 << 20, 8192)]));
         assert_eq!(planned.plan_size, Some(64 << 20));
         assert!(planned.by_ranges());
         let reads = planned.report(1 << 20, 64 << 20);
         assert_eq!((reads.path, reads.fallback), ("allocated", None));
         assert!(reads.note.contains("allocated ranges (12288 bytes)"), "{}", reads.note);
-        assert!(reads.note.contains("hostpath.csi.k8s.io"), "{}", reads.note);
+        assert!(reads.note.contains("hostpath.csi.k8s.io (answered in 850 ms)"), "{}", reads.note);
     }
 
     #[test]
@@ -399,8 +432,9 @@ mod tests {
         assert!(reads.note.contains("is off for this agent"), "{}", reads.note);
 
         let map = BlockMap { capacity: None, block_type: None, ranges: Vec::new() };
-        let refused = Planned::ranges(&snapshot(), map, Path::Allocated, Vec::new())
-            .refused(Refusal::Ranges("too small"));
+        let refused =
+            Planned::ranges(&snapshot(), (map, Duration::ZERO), Path::Allocated, Vec::new())
+                .refused(Refusal::Ranges("too small"));
         assert_eq!(refused.read_plan, ReadPlan::Everything);
         let reads = refused.report(64 << 20, 64 << 20);
         assert_eq!((reads.path, reads.fallback), ("full", Some("untrusted")));
@@ -414,13 +448,15 @@ mod tests {
             block_type: Some(BlockType::FixedLength),
             ranges: vec![Range { offset: 8192, len: 4096 }],
         };
-        let delta = Planned::ranges(&snapshot(), map.clone(), Path::Delta, Vec::new());
+        let answer = (map.clone(), Duration::from_secs(3));
+        let delta = Planned::ranges(&snapshot(), answer, Path::Delta, Vec::new());
         assert_eq!(delta.read_plan, ReadPlan::ChangedSinceParent(vec![(8192, 4096)]));
         assert!(delta.is_delta() && delta.by_ranges());
         let reads = delta.report(4096, 64 << 20);
         assert_eq!((reads.path, reads.fallback), ("delta", None));
         assert!(
-            reads.note.contains("changed since the parent's snapshot (4096 bytes)"),
+            reads.note.contains("changed since the parent's snapshot (4096 bytes)")
+                && reads.note.contains("(answered in 3.0 s); the rest taken from the parent"),
             "{}",
             reads.note
         );
@@ -428,7 +464,7 @@ mod tests {
         // The base was gone: allocated ranges, saying why not the delta.
         let gone =
             vec![("snapshot-not-found", "no delta from the parent's snapshot: gone".to_owned())];
-        let allocated = Planned::ranges(&snapshot(), map, Path::Allocated, gone);
+        let allocated = Planned::ranges(&snapshot(), (map, Duration::ZERO), Path::Allocated, gone);
         assert!(!allocated.is_delta());
         let reads = allocated.report(4096, 64 << 20);
         assert_eq!((reads.path, reads.fallback), ("allocated", Some("snapshot-not-found")));

@@ -43,7 +43,7 @@ pub fn cluster() -> &'static node::Node {
                 ferry_testbed::process::run_on_own_thread(|| RealCluster::start_nodes(NODES))
             });
             let cluster = started.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
-            node::set_up_on(cluster, VALUES).await
+            node::set_up_on(cluster, ferry_testbed::S3Server::shared(), VALUES).await
         })
     });
     match set_up {

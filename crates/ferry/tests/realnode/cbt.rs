@@ -111,12 +111,6 @@ dd if=/dev/urandom of=/dev/volume bs=4k count=1 seek=600 conv=fsync 2>/dev/null"
     Ok(())
 }
 
-/// The number after `prefix` in `text` (`read 123 bytes` → 123).
-pub fn number_after(text: &str, prefix: &str) -> Option<u64> {
-    let rest = &text[text.find(prefix)? + prefix.len()..];
-    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
-}
-
 #[tokio::test]
 async fn a_block_backup_reads_only_the_allocated_ranges_and_restores_bit_for_bit() -> TestResult {
     let node = node::node();
@@ -149,7 +143,8 @@ md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log",
             && message.contains(ferry_testbed::realnode::DRIVER),
         "the backup did not read by the driver's allocated ranges: {message:?}"
     );
-    let read = number_after(message, "read ").ok_or_else(|| format!("no count in {message:?}"))?;
+    let read =
+        node::number_after(message, "read ").ok_or_else(|| format!("no count in {message:?}"))?;
     // Whole chunks (256 KiB) around each range: at most one more at each end.
     assert!(
         (allocated..=allocated + 4 * 256 * 1024).contains(&read),
@@ -168,14 +163,7 @@ md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log",
     let dd = node::data_download(&client, &target_ns, "disk", "256Mi", "Block", &du, "cbt-restore")
         .await?;
     node::wait_download(&client, &node::name_of(&dd)).await?;
-    let restored = node::run_pod(
-        &client,
-        &target_ns,
-        "disk",
-        true,
-        "md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log",
-    )
-    .await?;
+    let restored = node::device_md5(&client, &target_ns, "disk").await?;
     assert_eq!(restored, written, "the restored device differs from the written one");
     node::delete_pvc(&client, &target_ns, "disk").await?;
     node::delete_pvc(&client, &ns, "disk").await?;
@@ -266,14 +254,7 @@ pub async fn restore_block(
     let dd =
         node::data_download(client, &target_ns, "disk", size, "Block", du, "cbt-restore").await?;
     node::wait_download(client, &node::name_of(&dd)).await?;
-    let md5 = node::run_pod(
-        client,
-        &target_ns,
-        "disk",
-        true,
-        "md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log",
-    )
-    .await?;
+    let md5 = node::device_md5(client, &target_ns, "disk").await?;
     Ok((target_ns, md5))
 }
 
@@ -366,7 +347,8 @@ dd if=/dev/urandom of=/dev/volume bs=4k count=1 seek=4101 conv=fsync 2>/dev/null
         message.contains(&format!("changed since the parent's snapshot ({changed} bytes)")),
         "the incremental did not read by the driver's delta: {message}"
     );
-    let read = number_after(&message, "read ").ok_or_else(|| format!("no count in {message:?}"))?;
+    let read =
+        node::number_after(&message, "read ").ok_or_else(|| format!("no count in {message:?}"))?;
     // Whole chunks around the changes, and the sample of unchanged chunks read to check them.
     let check = ferry_repo::default_delta_check(128 * MIB, ferry_repo::DEFAULT_VOLUME_CHUNK);
     assert!(

@@ -13,7 +13,7 @@ use std::process::Command;
 use ferry_api::k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::Api;
 
-use crate::cbt::{MIB, back_up, kept_block_pvc, number_after, release_base, restore_block};
+use crate::cbt::{MIB, back_up, kept_block_pvc, release_base, restore_block};
 use crate::node::{self, TestResult};
 
 /// Big enough for the 256 MiB change; every volume made from a snapshot is written whole.
@@ -143,7 +143,8 @@ async fn an_ext4_volume_backs_up_by_allocated_ranges_then_by_delta_and_restores_
     let first = back_up(&client, &ns, "cbt-ext4-1").await?;
     let message = first.status.clone().unwrap_or_default().message;
     assert!(message.contains("allocated ranges"), "not by the allocated ranges: {message}");
-    let read = number_after(&message, "read ").ok_or_else(|| format!("no count in {message:?}"))?;
+    let read =
+        node::number_after(&message, "read ").ok_or_else(|| format!("no count in {message:?}"))?;
     // The data, the metadata mkfs wrote and the sample: nowhere near the 1 GiB device.
     assert!((24 * MIB..160 * MIB).contains(&read), "read {read} bytes: {message}");
     restore_and_compare(node, &client, &first, &written, "data", &data, &[]).await?;
@@ -159,7 +160,8 @@ async fn an_ext4_volume_backs_up_by_allocated_ranges_then_by_delta_and_restores_
         message.contains("changed since the parent's snapshot") && !message.contains("no delta"),
         "the small change was not read by the delta: {message}"
     );
-    let read = number_after(&message, "read ").ok_or_else(|| format!("no count in {message:?}"))?;
+    let read =
+        node::number_after(&message, "read ").ok_or_else(|| format!("no count in {message:?}"))?;
     let check = ferry_repo::default_delta_check(1024 * MIB, ferry_repo::DEFAULT_VOLUME_CHUNK);
     assert!(read < check + 16 * MIB, "read {read} bytes for a 100 KiB change: {message}");
     restore_and_compare(node, &client, &second, &written, "small", &small, &["src/main.rs"])
@@ -175,7 +177,8 @@ async fn an_ext4_volume_backs_up_by_allocated_ranges_then_by_delta_and_restores_
         message.contains("changed since the parent's snapshot") && !message.contains("no delta"),
         "the large change was not read by the delta: {message}"
     );
-    let read = number_after(&message, "read ").ok_or_else(|| format!("no count in {message:?}"))?;
+    let read =
+        node::number_after(&message, "read ").ok_or_else(|| format!("no count in {message:?}"))?;
     assert!(
         (256 * MIB..check + 300 * MIB).contains(&read),
         "read {read} bytes for a 256 MiB change: {message}"

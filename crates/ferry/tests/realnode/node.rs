@@ -67,7 +67,9 @@ pub struct Node {
 pub fn node() -> &'static Node {
     static NODE: OnceLock<Result<Node, String>> = OnceLock::new();
     let node = NODE.get_or_init(|| {
-        ferry_testbed::process::run_on_own_thread(|| set_up_on(RealCluster::shared(), &[]))
+        ferry_testbed::process::run_on_own_thread(|| {
+            set_up_on(RealCluster::shared(), S3Server::shared(), &[])
+        })
     });
     match node {
         Ok(n) => n,
@@ -75,15 +77,28 @@ pub fn node() -> &'static Node {
     }
 }
 
-/// Sets up `cluster` for the tests: a bucket on the shared moto, relayed into every node, the
-/// BackupStorageLocation, and Ferry installed from its chart (with `values` besides the
-/// tests' own, `KEY=VALUE` as `helm --set` takes them).
-pub async fn set_up_on(cluster: &'static RealCluster, values: &[&str]) -> anyhow::Result<Node> {
-    let s3 = S3Server::shared();
+/// Sets up `cluster` for the tests: a bucket on `s3` (the shared moto), relayed into every
+/// node, the BackupStorageLocation, and Ferry installed from its chart (with `values` besides
+/// the tests' own, `KEY=VALUE` as `helm --set` takes them).
+pub async fn set_up_on(
+    cluster: &'static RealCluster,
+    s3: &S3Server,
+    values: &[&str],
+) -> anyhow::Result<Node> {
+    let relay = install_on(cluster, s3, values).await?;
+    Ok(Node { cluster, s3_endpoint: s3.endpoint().to_owned(), _relay: relay })
+}
+
+/// What [`set_up_on`] does, on a cluster the caller owns (a benchmark's, with MinIO started
+/// with [`CREDENTIALS`]): S3 is relayed into the nodes while the returned forwarder lives.
+pub async fn install_on(
+    cluster: &RealCluster,
+    s3: &S3Server,
+    values: &[&str],
+) -> anyhow::Result<ferry_testbed::netns::Forwarder> {
     s3.create_bucket(BUCKET)?;
     let port: u16 = s3.endpoint().rsplit(':').next().unwrap_or_default().parse()?;
-    // Pods reach moto on the host's loopback through the node's address; the relay lives as
-    // long as the set-up (for the shared one, the test binary).
+    // Pods reach S3 on the host's loopback through the node's address.
     let relay = cluster.expose_host_port(port)?;
     let client = cluster.client()?;
     let endpoint = format!("http://{}:{port}", realnode::NODE_IP);
@@ -102,6 +117,12 @@ pub async fn set_up_on(cluster: &'static RealCluster, values: &[&str]) -> anyhow
             ),
         )
         .await?;
+    install_ferry(cluster, values).await?;
+    Ok(relay)
+}
+
+/// Installs (or re-renders and applies) Ferry's chart with `values` besides the tests' own.
+pub async fn install_ferry(cluster: &RealCluster, values: &[&str]) -> anyhow::Result<()> {
     let binary =
         ferry_testbed::paths::image_binary(std::path::Path::new(env!("CARGO_BIN_EXE_ferry")))?;
     let mut all = vec!["agent.logLevel=info\\,ferry=debug"];
@@ -110,7 +131,7 @@ pub async fn set_up_on(cluster: &'static RealCluster, values: &[&str]) -> anyhow
     }
     all.extend(values);
     cluster.install_ferry(&binary, &all).await?;
-    Ok(Node { cluster, s3_endpoint: s3.endpoint().to_owned(), _relay: relay })
+    Ok(())
 }
 
 impl Node {
@@ -139,38 +160,14 @@ impl Node {
         Ok(log)
     }
 
-    /// Runs the `ferry` CLI on the repository of `namespace`'s volumes in the BSL, with the
-    /// password the agents keep in `ferry-repo-credentials` and the cluster's kubeconfig;
-    /// returns its standard output.
+    /// Runs the `ferry` CLI on the repository of `namespace`'s volumes in the BSL (see
+    /// [`ferry_cli`]); returns its standard output.
     pub async fn ferry(
         &self,
         namespace: &str,
         args: &[&str],
     ) -> Result<String, Box<dyn std::error::Error>> {
-        let secrets: Api<Secret> = Api::namespaced(self.client()?, VELERO_NAMESPACE);
-        let secret = secrets.get(ferry_mover::PASSWORD_SECRET).await?;
-        let password = secret
-            .data
-            .and_then(|d| d.get(ferry_mover::PASSWORD_KEY).cloned())
-            .ok_or("the repository password Secret has no password")?;
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
-            .args(args)
-            .arg("--repo")
-            .arg(format!("s3://{BUCKET}/{}", ferry_mover::repository_prefix("velero", namespace)))
-            .args(["--s3-endpoint", &self.s3_endpoint, "--s3-region", "us-east-1", "--no-cache"])
-            .env("FERRY_PASSWORD", String::from_utf8(password.0)?)
-            .env("AWS_ACCESS_KEY_ID", CREDENTIALS.0)
-            .env("AWS_SECRET_ACCESS_KEY", CREDENTIALS.1)
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            // `ferry volume` talks to the cluster.
-            .env("KUBECONFIG", self.cluster.kubeconfig())
-            .output()?;
-        if !out.status.success() {
-            return Err(
-                format!("ferry {args:?} failed: {}", String::from_utf8_lossy(&out.stderr)).into()
-            );
-        }
-        Ok(String::from_utf8(out.stdout)?)
+        ferry_cli(self.cluster, &self.s3_endpoint, namespace, args).await
     }
 
     pub fn client(&self) -> Result<Client, Box<dyn std::error::Error>> {
@@ -180,6 +177,41 @@ impl Node {
     pub async fn namespace(&self, prefix: &str) -> Result<String, Box<dyn std::error::Error>> {
         Ok(self.cluster.control_plane().unique_namespace(prefix).await?)
     }
+}
+
+/// Runs the `ferry` CLI on the repository of `namespace`'s volumes in the BSL on `s3_endpoint`,
+/// with the password the agents keep in `ferry-repo-credentials` and the cluster's kubeconfig;
+/// returns its standard output.
+pub async fn ferry_cli(
+    cluster: &RealCluster,
+    s3_endpoint: &str,
+    namespace: &str,
+    args: &[&str],
+) -> Result<String, Box<dyn std::error::Error>> {
+    let secrets: Api<Secret> = Api::namespaced(cluster.client()?, VELERO_NAMESPACE);
+    let secret = secrets.get(ferry_mover::PASSWORD_SECRET).await?;
+    let password = secret
+        .data
+        .and_then(|d| d.get(ferry_mover::PASSWORD_KEY).cloned())
+        .ok_or("the repository password Secret has no password")?;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(args)
+        .arg("--repo")
+        .arg(format!("s3://{BUCKET}/{}", ferry_mover::repository_prefix("velero", namespace)))
+        .args(["--s3-endpoint", s3_endpoint, "--s3-region", "us-east-1", "--no-cache"])
+        .env("FERRY_PASSWORD", String::from_utf8(password.0)?)
+        .env("AWS_ACCESS_KEY_ID", CREDENTIALS.0)
+        .env("AWS_SECRET_ACCESS_KEY", CREDENTIALS.1)
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        // `ferry volume` talks to the cluster.
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .output()?;
+    if !out.status.success() {
+        return Err(
+            format!("ferry {args:?} failed: {}", String::from_utf8_lossy(&out.stderr)).into()
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
 }
 
 /// A PVC of the hostpath driver's class in `mode` (`Filesystem` or `Block`).
@@ -215,6 +247,16 @@ pub async fn create_pvc_of_class(
     Ok(Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &pvc)
         .await?)
+}
+
+/// The MD5 of block PVC `ns/pvc`'s whole device, read by a pod.
+pub async fn device_md5(
+    client: &Client,
+    ns: &str,
+    pvc: &str,
+) -> Result<String, Box<dyn std::error::Error>> {
+    run_pod(client, ns, pvc, true, "md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log")
+        .await
 }
 
 /// Runs `script` in a busybox pod with `pvc` at `/data` (Filesystem) or `/dev/volume`
@@ -668,4 +710,10 @@ pub async fn agent_event_list(
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
         .filter(|e| e.reporting_controller.as_deref() == Some("ferry-agent"))
         .collect())
+}
+
+/// The number after `prefix` in `text` (`read 123 bytes` → 123).
+pub fn number_after(text: &str, prefix: &str) -> Option<u64> {
+    let rest = &text[text.find(prefix)? + prefix.len()..];
+    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
