@@ -156,8 +156,8 @@ impl ChangedBlocks {
             let asked = Instant::now();
             match connection.delta(&snapshot.namespace, handle, &snapshot.name, cancel).await {
                 Ok(map) => {
-                    let answer = (map, asked.elapsed());
-                    return Ok(Planned::ranges(snapshot, answer, Path::Delta, fallbacks));
+                    let took = asked.elapsed();
+                    return Ok(Planned::ranges(snapshot, map, took, Path::Delta, fallbacks));
                 }
                 Err(e) => fallbacks = fallen(snapshot, "delta", &e, fallbacks)?,
             }
@@ -165,8 +165,7 @@ impl ChangedBlocks {
         let asked = Instant::now();
         match connection.allocated(&snapshot.namespace, &snapshot.name, cancel).await {
             Ok(map) => {
-                let answer = (map, asked.elapsed());
-                Ok(Planned::ranges(snapshot, answer, Path::Allocated, fallbacks))
+                Ok(Planned::ranges(snapshot, map, asked.elapsed(), Path::Allocated, fallbacks))
             }
             Err(e) => fallen(snapshot, "allocated", &e, fallbacks).map(Planned::whole_after),
         }
@@ -292,10 +291,11 @@ impl Planned {
         }
     }
 
-    /// A plan by the service's answer: its ranges and how long it took to give them all.
+    /// A plan by the service's answer: its ranges, given in `took` all told.
     fn ranges(
         snapshot: &CsiSnapshot,
-        (map, took): (BlockMap, Duration),
+        map: BlockMap,
+        took: Duration,
         path: Path,
         fallbacks: Vec<(&'static str, String)>,
     ) -> Self {
@@ -412,8 +412,8 @@ mod tests {
             block_type: Some(BlockType::FixedLength),
             ranges: vec![Range { offset: 0, len: 4096 }, Range { offset: 1 << 20, len: 8192 }],
         };
-        let answer = (map, Duration::from_millis(850));
-        let planned = Planned::ranges(&snapshot(), answer, Path::Allocated, Vec::new());
+        let took = Duration::from_millis(850);
+        let planned = Planned::ranges(&snapshot(), map, took, Path::Allocated, Vec::new());
         assert_eq!(planned.read_plan, ReadPlan::Only(vec![(0, 4096), (1 << 20, 8192)]));
         assert_eq!(planned.plan_size, Some(64 << 20));
         assert!(planned.by_ranges());
@@ -433,7 +433,7 @@ mod tests {
 
         let map = BlockMap { capacity: None, block_type: None, ranges: Vec::new() };
         let refused =
-            Planned::ranges(&snapshot(), (map, Duration::ZERO), Path::Allocated, Vec::new())
+            Planned::ranges(&snapshot(), map, Duration::ZERO, Path::Allocated, Vec::new())
                 .refused(Refusal::Ranges("too small"));
         assert_eq!(refused.read_plan, ReadPlan::Everything);
         let reads = refused.report(64 << 20, 64 << 20);
@@ -448,8 +448,8 @@ mod tests {
             block_type: Some(BlockType::FixedLength),
             ranges: vec![Range { offset: 8192, len: 4096 }],
         };
-        let answer = (map.clone(), Duration::from_secs(3));
-        let delta = Planned::ranges(&snapshot(), answer, Path::Delta, Vec::new());
+        let took = Duration::from_secs(3);
+        let delta = Planned::ranges(&snapshot(), map.clone(), took, Path::Delta, Vec::new());
         assert_eq!(delta.read_plan, ReadPlan::ChangedSinceParent(vec![(8192, 4096)]));
         assert!(delta.is_delta() && delta.by_ranges());
         let reads = delta.report(4096, 64 << 20);
@@ -464,7 +464,7 @@ mod tests {
         // The base was gone: allocated ranges, saying why not the delta.
         let gone =
             vec![("snapshot-not-found", "no delta from the parent's snapshot: gone".to_owned())];
-        let allocated = Planned::ranges(&snapshot(), (map, Duration::ZERO), Path::Allocated, gone);
+        let allocated = Planned::ranges(&snapshot(), map, Duration::ZERO, Path::Allocated, gone);
         assert!(!allocated.is_delta());
         let reads = allocated.report(4096, 64 << 20);
         assert_eq!((reads.path, reads.fallback), ("allocated", Some("snapshot-not-found")));
