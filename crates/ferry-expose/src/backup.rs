@@ -13,12 +13,13 @@ use ferry_api::keys::DATA_UPLOAD_LABEL;
 use ferry_api::naming::valid_label_value;
 use ferry_api::{DataUpload, DataUploadPhase, NodeOs, VolumeSnapshot, VolumeSnapshotContent};
 use kube::api::Api;
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::objects::{self, ClaimSpec, HolderSpec, mode_text};
 use crate::ops::{create_or_get, delete_if_present, get_opt, owner_of, update};
 use crate::pod;
+use crate::provisioning::SlowClaim;
 use crate::volume_wait::{VolumeWaits, locate_telling};
 use crate::wait::{Look, until};
 use crate::{ExposeError, ExposerConfig, kept, labels, release};
@@ -325,6 +326,7 @@ impl Exposer<DataUpload> for CsiBackupExposer {
         let node = pod::wait_placed(
             &self.pods(),
             &holder.name_any(),
+            &SlowClaim::new(&self.client, ns, &name, &params.node, du.object_ref(&())),
             timeout,
             self.config.unschedulable_grace,
             cancel,

@@ -44,7 +44,9 @@ pub struct ExposerConfig {
     pub priority_class_name: Option<String>,
     /// How long a holding pod may stay unschedulable before the CR fails with the
     /// scheduler's reason (instead of waiting out the whole operation timeout). Not counted
-    /// while the scheduler only waits for the pod's claim to be bound (still provisioning).
+    /// while the scheduler only waits for the pod's claim to be bound (still provisioning):
+    /// past it, that wait is told in a `WaitingForProvisioning` Event with what the cluster
+    /// last said of the claim.
     pub unschedulable_grace: Duration,
     /// How long the agent looks for an exposed volume on its node before it says, in a log
     /// line and a Warning Event on the CR, what it is still waiting for (the holding pod, the

@@ -22,7 +22,9 @@
 //! Every wait is bounded by the CR's `operationTimeout` and its cancellation, and a pod that
 //! fails, or that the scheduler rejects for longer than [`ExposerConfig::unschedulable_grace`],
 //! fails the CR with the cluster's reason (a claim not bound yet is waited for: a volume made
-//! from a snapshot may take minutes to provision). While the agent looks
+//! from a snapshot may take minutes to provision; past the grace, what the provisioner last
+//! said of the claim is told in a [`WAITING_FOR_PROVISIONING`] Event and ends up in the
+//! timeout's message). While the agent looks
 //! for the exposed volume on its node (a mount point by mount identity, so bind mounts count),
 //! a wait longer than [`ExposerConfig::volume_wait_grace`] is told in a log line and a
 //! [`WAITING_FOR_VOLUME`] Warning Event naming the pod, the volume and the path expected.
@@ -41,10 +43,12 @@ mod objects;
 mod ops;
 mod placement;
 mod pod;
+mod provisioning;
 mod quantity;
 mod release;
 mod resources;
 mod restore;
+mod tell;
 mod tolerations;
 mod topology;
 mod volume_wait;
@@ -58,6 +62,7 @@ pub use kept::{
 };
 pub use kubelet::{find_volume, pod_volume_path};
 pub use placement::LoadAffinity;
+pub use provisioning::WAITING_FOR_PROVISIONING;
 pub use quantity::QuantityError;
 pub use resources::{PodResourcesError, pod_resources};
 pub use restore::CsiRestoreExposer;

@@ -10,18 +10,43 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ExposeError;
 use crate::ops::{create_or_get, get_opt};
+use crate::provisioning::SlowClaim;
 use crate::wait::{Look, until};
 
-/// Tracks how long a pod has been reported unschedulable.
+/// Tracks how long a pod has been reported unschedulable, and how long its claim unbound.
 #[derive(Debug, Default)]
 pub(crate) struct Unschedulable {
     since: Mutex<Option<Instant>>,
+    unbound_since: Mutex<Option<Instant>>,
 }
 
-/// Waits until holding pod `name` is placed on a node and returns the node.
+impl Unschedulable {
+    /// How long the scheduler has said, look after look, that the pod's claim is unbound.
+    fn unbound_for(&self) -> Option<Duration> {
+        self.unbound_since.lock().unwrap_or_else(PoisonError::into_inner).map(|s| s.elapsed())
+    }
+
+    fn note(&self, rejected: Option<bool>) {
+        let set = |m: &Mutex<Option<Instant>>, on: bool| {
+            let mut since = m.lock().unwrap_or_else(PoisonError::into_inner);
+            if !on {
+                *since = None;
+            } else if since.is_none() {
+                *since = Some(Instant::now());
+            }
+        };
+        set(&self.since, rejected == Some(true));
+        set(&self.unbound_since, rejected == Some(false));
+    }
+}
+
+/// Waits until holding pod `name` is placed on a node and returns the node. While its claim
+/// `slow` stays unbound past the grace, what the cluster says of the claim is told and kept
+/// for the timeout's message.
 pub(crate) async fn wait_placed(
     pods: &Api<Pod>,
     name: &str,
+    slow: &SlowClaim<'_>,
     timeout: Duration,
     grace: Duration,
     cancel: &CancellationToken,
@@ -32,7 +57,13 @@ pub(crate) async fn wait_placed(
         let pod = get_opt(pods, name, "reading the holding pod")
             .await?
             .ok_or_else(|| ExposeError::Unusable(format!("pod {name} was deleted")))?;
-        placed(&pod, grace, unschedulable)
+        match placed(&pod, grace, unschedulable)? {
+            Look::NotYet(seen) => match unschedulable.unbound_for().filter(|w| *w >= grace) {
+                Some(waited) => Ok(Look::NotYet(format!("{seen}; {}", slow.news(waited).await))),
+                None => Ok(Look::NotYet(seen)),
+            },
+            ready => Ok(ready),
+        }
     })
     .await
 }
@@ -70,13 +101,14 @@ pub(crate) fn placed(
         });
     match rejected {
         Some(reason) if reason.contains(UNBOUND_CLAIM) => {
-            *unschedulable.since.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            unschedulable.note(Some(false));
             Ok(Look::NotYet(format!(
                 "pod {} waits for its volume to be provisioned ({reason})",
                 pod.name_any()
             )))
         }
         Some(reason) => {
+            unschedulable.note(Some(true));
             let since = *unschedulable
                 .since
                 .lock()
@@ -92,7 +124,7 @@ pub(crate) fn placed(
             Ok(Look::NotYet(format!("pod {} not scheduled: {reason}", pod.name_any())))
         }
         None => {
-            *unschedulable.since.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            unschedulable.note(None);
             Ok(Look::NotYet(format!("pod {} not scheduled yet", pod.name_any())))
         }
     }
@@ -245,6 +277,11 @@ mod tests {
                 Look::Ready(node) => panic!("placed on {node}"),
             }
         }
+        // How long the claim has been unbound is kept, from the first such look: past the
+        // grace, the wait tells what the cluster says of the claim.
+        std::thread::sleep(Duration::from_millis(5));
+        placed(&provisioning, Duration::ZERO, &unschedulable).unwrap();
+        assert!(unschedulable.unbound_for().unwrap() >= Duration::from_millis(5));
         // Any other rejection fails once the grace is over, with the scheduler's words.
         let cordoned = rejected("0/1 nodes are available: 1 node(s) were unschedulable.");
         let Err(err) = placed(&cordoned, Duration::ZERO, &unschedulable) else {
@@ -252,6 +289,14 @@ mod tests {
         };
         let err = err.to_string();
         assert!(err.contains("cannot be scheduled") && err.contains("were unschedulable"), "{err}");
+        // A pod rejected for another reason, or no longer rejected, has no claim waiting.
+        assert_eq!(unschedulable.unbound_for(), None);
+        placed(&provisioning, Duration::ZERO, &unschedulable).unwrap();
+        let pending: Pod =
+            serde_json::from_value(json!({ "metadata": { "name": "hold" }, "status": {} }))
+                .unwrap();
+        placed(&pending, Duration::ZERO, &unschedulable).unwrap();
+        assert_eq!(unschedulable.unbound_for(), None);
         assert!(matches!(
             placed(&cordoned, Duration::from_secs(60), &Unschedulable::default()),
             Ok(Look::NotYet(_))

@@ -15,12 +15,13 @@ use ferry_api::keys::{DATA_DOWNLOAD_LABEL, DYNAMIC_PV_RESTORE_LABEL, SELECTED_NO
 use ferry_api::naming::valid_label_value;
 use ferry_api::{DataDownload, DataDownloadPhase};
 use kube::api::{Api, ListParams};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 
 use crate::backup::{parse_mode, parse_quantity};
 use crate::objects::{self, ClaimSpec, HolderSpec};
 use crate::ops::{create_or_get, delete_if_present, get_opt, owner_of, update};
 use crate::pod;
+use crate::provisioning::SlowClaim;
 use crate::volume_wait::{VolumeWaits, locate_telling};
 use crate::wait::{Look, until};
 use crate::{ExposeError, ExposerConfig, labels, release};
@@ -235,6 +236,7 @@ impl Exposer<DataDownload> for CsiRestoreExposer {
         let placed = pod::wait_placed(
             &self.pods(),
             &holder.name_any(),
+            &SlowClaim::new(&self.client, ns, &name, &params.node, dd.object_ref(&())),
             timeout,
             self.config.unschedulable_grace,
             cancel,

@@ -10,12 +10,12 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use ferry_agent::event_recorder::EventRecorder;
-use ferry_agent::{ExposedVolume, REPORTING_CONTROLLER};
-use kube::runtime::events::{Event, EventType, Reporter};
+use ferry_agent::ExposedVolume;
+use kube::runtime::events::EventType;
 use kube::{Client, Resource, ResourceExt};
 
 use crate::backup::{Located, locate};
+use crate::tell::tell;
 use crate::{ExposeError, ExposerConfig};
 
 /// The Event's reason.
@@ -85,23 +85,8 @@ where
     let Some(waited) = waits.still_waiting(&name, Instant::now(), config.volume_wait_grace) else {
         return Ok(None);
     };
-    let kind = K::kind(&());
     let note = format!("still waiting after {}s on node {node}: {why}", waited.as_secs());
-    tracing::warn!(%kind, %name, %node, "{note}");
-    let recorder = EventRecorder::new(
-        client.clone(),
-        Reporter { controller: REPORTING_CONTROLLER.to_owned(), instance: Some(node.to_owned()) },
-    );
-    let event = Event {
-        type_: EventType::Warning,
-        reason: WAITING_FOR_VOLUME.to_owned(),
-        note: Some(note),
-        action: WAITING_FOR_VOLUME.to_owned(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&event, &cr.object_ref(&())).await {
-        tracing::warn!(%kind, %name, error = %e, "publishing the {WAITING_FOR_VOLUME} event failed");
-    }
+    tell(client, node, &cr.object_ref(&()), EventType::Warning, WAITING_FOR_VOLUME, note).await;
     Ok(None)
 }
 

@@ -29,7 +29,9 @@
 //! - a **scheduler**: binds Pending pods through `pods/binding`, honouring `nodeName`,
 //!   `nodeSelector`, required node affinity, the PVs' node affinity and WaitForFirstConsumer
 //!   (`volume.kubernetes.io/selected-node`), spreading by pod count; pods that cannot be placed
-//!   stay Pending with `PodScheduled=False`, reason `Unschedulable` and a message;
+//!   stay Pending with `PodScheduled=False`, reason `Unschedulable` and a message (for an
+//!   unbound Immediate claim kube-scheduler's own words, whatever the provisioner's trouble;
+//!   the provisioner tells that in a `ProvisioningFailed` Warning Event on the claim);
 //! - a **kubelet** per node: a pod's CSI volumes appear under the node's kubelet root at the
 //!   kubelet's own relative paths (`pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount`, a real
 //!   ext4 mount; `pods/<uid>/volumeDevices/kubernetes.io~csi/<pv>`, a symlink to the publish

@@ -73,7 +73,8 @@ pub struct AgentArgs {
     pub lease_duration: Duration,
     /// How long a holding pod may be unschedulable before the CR fails (Go duration). A pod
     /// waiting only for its claim to be bound (a volume made from a snapshot can take minutes
-    /// to provision) is not counted: the operation timeout bounds that wait.
+    /// to provision) is not counted: the operation timeout bounds that wait, and past the
+    /// grace a `WaitingForProvisioning` Event tells what the provisioner last said.
     #[arg(long, default_value = "1m", value_parser = duration)]
     pub unschedulable_grace: Duration,
     /// Use this one repository for everything instead of one per BackupStorageLocation and

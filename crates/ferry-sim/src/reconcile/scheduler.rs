@@ -168,20 +168,22 @@ fn decide(
             }
             continue;
         }
-        if let Some(error) = state.provision_errors.get(uid(&pvc.metadata)) {
-            return Decision::Unschedulable(format!(
-                "0/{total} nodes are available: persistentvolumeclaim \"{claim}\" could not be provisioned: {error}"
-            ));
-        }
         let delayed = pvc
             .spec
             .as_ref()
             .and_then(|s| s.storage_class_name.as_deref())
             .and_then(|c| world.class(c))
             .is_some_and(|c| c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"));
+        // kube-scheduler knows nothing of an Immediate claim's provisioning: whatever the
+        // provisioner's trouble (told in Events on the claim), it says the claim is unbound.
         if !delayed {
             return Decision::Unschedulable(format!(
                 "0/{total} nodes are available: pod has unbound immediate PersistentVolumeClaims."
+            ));
+        }
+        if let Some(error) = state.provision_errors.get(uid(&pvc.metadata)) {
+            return Decision::Unschedulable(format!(
+                "0/{total} nodes are available: persistentvolumeclaim \"{claim}\" could not be provisioned: {error}"
             ));
         }
         match pvc.metadata.annotations.as_ref().and_then(|a| a.get(SELECTED_NODE_ANNOTATION)) {

@@ -2,8 +2,8 @@
 //! a PVC), binding both ways, pre-bound `claimRef`s and `volumeName`s, selectors, release and
 //! reclaim.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::provision::{Refusal, free_storage, provision};
@@ -210,20 +210,59 @@ async fn claim_pass(
             Ok(())
         }
         Err(Refusal::Later(message)) => {
-            state.provision_errors.insert(key, message);
+            provisioning_failed(ctx, state, pvc, message).await;
             Ok(())
         }
         Err(Refusal::Error(e)) => {
-            state.provision_errors.insert(
-                key,
-                format!(
-                    "failed to provision volume with StorageClass {:?}: {e}",
-                    name(&class.metadata)
-                ),
+            let message = format!(
+                "failed to provision volume with StorageClass {:?}: {e}",
+                name(&class.metadata)
             );
+            provisioning_failed(ctx, state, pvc, message).await;
             Err(e)
         }
     }
+}
+
+/// Keeps why `pvc` could not be provisioned, and says so as the external-provisioner does: a
+/// `ProvisioningFailed` Warning Event on the claim (written through the core API, as
+/// client-go's recorder writes it), once for each new message.
+async fn provisioning_failed(
+    ctx: &Ctx,
+    state: &mut State,
+    pvc: &PersistentVolumeClaim,
+    message: String,
+) {
+    let key = uid(&pvc.metadata).to_owned();
+    if state.provision_errors.get(&key) == Some(&message) {
+        return;
+    }
+    let (ns, claim) = (namespace(&pvc.metadata), name(&pvc.metadata));
+    let now = super::now();
+    let event = json!({
+        "apiVersion": "v1", "kind": "Event",
+        // Named by the API server: a claim's name may be too long to add to.
+        "metadata": { "generateName": "provisioning-failed-", "namespace": ns },
+        "involvedObject": {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "namespace": ns, "name": claim, "uid": key,
+        },
+        "type": "Warning", "reason": "ProvisioningFailed", "message": message,
+        "source": { "component": "ferry-sim-provisioner" },
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    });
+    let created = match serde_json::from_value::<Event>(event) {
+        Ok(event) => Api::<Event>::namespaced(ctx.client.clone(), ns)
+            .create(&PostParams::default(), &event)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = created {
+        tracing::warn!(pvc = claim, error = %e, "recording ProvisioningFailed");
+    }
+    state.provision_errors.insert(key, message);
 }
 
 /// Whether `pv` may go to `pvc`: unclaimed, or claimed by name (and uid) for exactly it.

@@ -3,8 +3,8 @@
 use std::os::unix::fs::FileTypeExt;
 
 use ferry_sim::{Binding, HOSTNAME_LABEL, VolumeMode, pod_object};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, PostParams};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
 use crate::support::{Env, T, mount_points};
@@ -123,7 +123,35 @@ async fn unprovisionable_claim_leaves_the_pod_pending_with_a_reason() {
             scheduled(&pod).unwrap().1
         }
     };
-    assert_eq!(reason("stuck", "no-such-snapshot").await, "Unschedulable");
+    // As kube-scheduler says it: it knows only that the claim is unbound. The provisioner
+    // tells why on the claim.
+    assert_eq!(
+        reason("stuck", "pod has unbound immediate PersistentVolumeClaims").await,
+        "Unschedulable"
+    );
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.ns);
+    let deadline = std::time::Instant::now() + T;
+    let failed = loop {
+        let listed = events
+            .list(
+                &ListParams::default()
+                    .fields("involvedObject.kind=PersistentVolumeClaim,involvedObject.name=orphan"),
+            )
+            .await
+            .unwrap();
+        if let Some(e) =
+            listed.items.into_iter().find(|e| e.reason.as_deref() == Some("ProvisioningFailed"))
+        {
+            break e;
+        }
+        assert!(std::time::Instant::now() < deadline, "no ProvisioningFailed Event on the claim");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(failed.type_.as_deref(), Some("Warning"));
+    assert!(
+        failed.message.as_deref().unwrap_or_default().contains("no-such-snapshot"),
+        "{failed:?}"
+    );
     assert_eq!(
         reason("lost", "persistentvolumeclaim \"missing\" not found").await,
         "Unschedulable"

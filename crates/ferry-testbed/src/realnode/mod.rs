@@ -442,17 +442,24 @@ deletionPolicy: Delete
         Ok(image)
     }
 
-    /// Waits (up to 120 s) until an agent pod of the DaemonSet is Ready on every node.
+    /// Waits (up to 120 s) until the agent's DaemonSet has rolled out its current pod template
+    /// (as `kubectl rollout status` reads it) and an agent pod is Ready on every node.
     ///
     /// # Errors
     /// Not Ready in time; the error carries the pods' phases and container states.
     pub async fn wait_agent_ready(&self, client: &kube::Client) -> anyhow::Result<()> {
+        use k8s_openapi::api::apps::v1::DaemonSet;
         use k8s_openapi::api::core::v1::Pod;
         let pods: Api<Pod> = Api::namespaced(client.clone(), crate::VELERO_NAMESPACE);
+        let sets: Api<DaemonSet> = Api::namespaced(client.clone(), crate::VELERO_NAMESPACE);
         let params = kube::api::ListParams::default()
             .labels("app.kubernetes.io/name=ferry,app.kubernetes.io/component=agent");
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
+            // First the rollout: after a re-apply that changed the pod template, the old pod
+            // stays Ready until the DaemonSet controller replaces it.
+            let set = sets.get_opt(AGENT_DAEMONSET).await?;
+            let rolled_out = set.as_ref().is_some_and(rolled_out);
             let list = pods.list(&params).await?;
             let ready_on = |node: &str| {
                 list.items.iter().any(|p| {
@@ -463,7 +470,7 @@ deletionPolicy: Delete
                         })
                 })
             };
-            if self.nodes.iter().all(|n| ready_on(n.name())) {
+            if rolled_out && self.nodes.iter().all(|n| ready_on(n.name())) {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -478,8 +485,11 @@ deletionPolicy: Delete
                         )
                     })
                     .collect();
+                let set = set.map(|s| (s.metadata.generation, s.status));
                 bail!(
-                    "Ferry's agent not Ready on every node after {READY_TIMEOUT:?}: {}",
+                    "Ferry's agent not rolled out and Ready on every node after \
+                     {READY_TIMEOUT:?}: DaemonSet {AGENT_DAEMONSET} (generation, status) \
+                     {set:?}; pods {}",
                     states.join("; ")
                 );
             }
@@ -647,4 +657,18 @@ pub(crate) async fn wait_for(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(())
+}
+
+/// The agent's DaemonSet in the chart.
+const AGENT_DAEMONSET: &str = "ferry-agent";
+
+/// Whether the DaemonSet's controller has seen its current spec and every node it schedules
+/// on runs an available pod of the current template.
+fn rolled_out(set: &k8s_openapi::api::apps::v1::DaemonSet) -> bool {
+    let generation = set.metadata.generation.unwrap_or(0);
+    set.status.as_ref().is_some_and(|s| {
+        s.observed_generation.unwrap_or(0) >= generation
+            && s.updated_number_scheduled.unwrap_or(0) >= s.desired_number_scheduled
+            && s.number_available.unwrap_or(0) >= s.desired_number_scheduled
+    })
 }

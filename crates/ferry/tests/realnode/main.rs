@@ -13,6 +13,7 @@ mod cbt_wrong;
 mod holder;
 mod lifecycle;
 mod node;
+mod provisioning;
 mod round_trip;
 mod velero;
 #[path = "../support/velero_crs.rs"]

@@ -126,8 +126,9 @@ pub async fn install_ferry(cluster: &RealCluster, values: &[&str]) -> anyhow::Re
     let binary =
         ferry_testbed::paths::image_binary(std::path::Path::new(env!("CARGO_BIN_EXE_ferry")))?;
     let mut all = vec!["agent.logLevel=info\\,ferry=debug"];
+    // A short grace: a restore volume that cannot be provisioned is told sooner.
     if !values.iter().any(|v| v.starts_with("agent.extraArgs=")) {
-        all.push("agent.extraArgs={--progress-interval,1s}");
+        all.push("agent.extraArgs={--progress-interval,1s,--unschedulable-grace,20s}");
     }
     all.extend(values);
     cluster.install_ferry(&binary, &all).await?;
