@@ -6,8 +6,11 @@
 //! `ferry_repo::thread_budget` plans with.
 //!
 //! `cargo run --release -p ferry-repo --example threads_memory -- [--tree-mib 300]
-//! [--big-files] [--volume-mib 512] [--threads 1,2,4,8] [--runs 3] [--put-delay-ms 0]
-//! [--work DIR]`
+//! [--big-files] [--volume-mib 512] [--volume-chunk-kib 256] [--threads 1,2,4,8] [--runs 3]
+//! [--put-delay-ms 0] [--work DIR]`
+//!
+//! `--volume-chunk-kib` sets the volume's chunk size (a power of two from 4 to 16384): small
+//! chunks make many of them, which shows what a volume restore keeps per chunk.
 //!
 //! The data is generated from fixed seeds in a temporary directory (under `--work` if given)
 //! that is deleted at the end. The tree is mixed: many small and medium source-like text files,
@@ -68,6 +71,7 @@ fn driver(args: &[String]) -> Res<()> {
     let volume_mib: u64 = flag(args, "--volume-mib").unwrap_or("512").parse()?;
     let runs: usize = flag(args, "--runs").unwrap_or("3").parse()?;
     let delay: u64 = flag(args, "--put-delay-ms").unwrap_or("0").parse()?;
+    let chunk_kib: u32 = flag(args, "--volume-chunk-kib").unwrap_or("256").parse()?;
     let threads: Vec<usize> = flag(args, "--threads")
         .unwrap_or("1,2,4,8")
         .split(',')
@@ -101,11 +105,11 @@ fn driver(args: &[String]) -> Res<()> {
                 }
                 let repo = work.join("repo");
                 let target = work.join("target");
-                let backup = spawn(OPS[pair], work, &work.join(source), &repo, n, delay, None)?;
+                let how = How { threads: n, put_delay_ms: delay, chunk_kib };
+                let backup = spawn(OPS[pair], work, &work.join(source), &repo, &how, None)?;
                 let snapshot = backup.1.ok_or("the backup printed no snapshot id")?;
                 samples[ti][pair].push(backup.0);
-                let restored =
-                    spawn(OPS[pair + 1], work, &target, &repo, n, delay, Some(&snapshot))?;
+                let restored = spawn(OPS[pair + 1], work, &target, &repo, &how, Some(&snapshot))?;
                 samples[ti][pair + 1].push(restored.0);
                 remove(&repo)?;
                 remove(&target)?;
@@ -132,19 +136,27 @@ fn sync() {
     let _ = Command::new("sync").status();
 }
 
+/// How a child runs its operation.
+struct How {
+    threads: usize,
+    put_delay_ms: u64,
+    chunk_kib: u32,
+}
+
 /// Runs one operation in a child process; returns its sample and the snapshot id it printed.
 fn spawn(
     op: &str,
     work: &Path,
     place: &Path,
     repo: &Path,
-    threads: usize,
-    put_delay_ms: u64,
+    how: &How,
     snapshot: Option<&str>,
 ) -> Res<(Sample, Option<String>)> {
+    let threads = how.threads;
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(["--child", op, "--threads", &threads.to_string()])
-        .args(["--put-delay-ms", &put_delay_ms.to_string()])
+        .args(["--put-delay-ms", &how.put_delay_ms.to_string()])
+        .args(["--volume-chunk-kib", &how.chunk_kib.to_string()])
         .arg("--place")
         .arg(place)
         .arg("--repo")
@@ -392,12 +404,15 @@ fn child(args: &[String]) -> Res<()> {
         let hook = PutDelay(std::time::Duration::from_millis(delay));
         store = Arc::new(Hooked::new(store, hook));
     }
-    runtime.block_on(run_child(&op, threads, &place, store, snapshot.as_deref()))
+    let chunk_kib: u32 = flag(args, "--volume-chunk-kib").unwrap_or("256").parse()?;
+    let chunk_size = chunk_kib.checked_mul(1024).ok_or("--volume-chunk-kib is too large")?;
+    runtime.block_on(run_child(&op, threads, chunk_size, &place, store, snapshot.as_deref()))
 }
 
 async fn run_child(
     op: &str,
     threads: usize,
+    chunk_size: u32,
     place: &Path,
     store: Arc<dyn ObjectStore>,
     snapshot: Option<&str>,
@@ -419,7 +434,8 @@ async fn run_child(
             Some(backup_tree(&repo, place, &options, None, &cancel).await?.snapshot_id)
         }
         "backup-volume" => {
-            let options = VolumeBackupOptions { threads, ..VolumeBackupOptions::default() };
+            let options =
+                VolumeBackupOptions { threads, chunk_size, ..VolumeBackupOptions::default() };
             Some(backup_volume(&repo, place, &options, None, &cancel).await?.snapshot_id)
         }
         "restore-tree" => {

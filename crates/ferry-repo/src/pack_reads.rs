@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::error::{RepoError, RepoResult};
+use crate::format::PackId;
 use crate::repo::{BlobLocation, layout};
 
 /// Blobs closer than this in one pack are read together (the gap is read and dropped).
@@ -34,6 +35,21 @@ pub(crate) const MAX_CONCURRENT_READS: usize = 8;
 /// [`MAX_HELD`] bytes, so the waiting costs no memory.
 pub(crate) const MAX_REPOSITORY_READS: usize = 64;
 
+/// Where a wanted blob's sealed bytes lie: its pack, offset and length there (for a blob in
+/// a frame, the frame's).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Span<'a> {
+    pub(crate) pack: &'a PackId,
+    pub(crate) offset: u32,
+    pub(crate) length: u32,
+}
+
+impl<'a> From<&'a BlobLocation> for Span<'a> {
+    fn from(loc: &'a BlobLocation) -> Self {
+        Self { pack: &loc.pack, offset: loc.offset, length: loc.length }
+    }
+}
+
 /// One ranged read of a pack, covering `wants` (indexes into the sorted wants).
 #[derive(Debug)]
 pub(crate) struct PackRead {
@@ -45,7 +61,7 @@ pub(crate) struct PackRead {
 
 impl PackRead {
     /// The sealed bytes of `loc` (one of this read's blobs) within `bytes`, this read's result.
-    pub(crate) fn sealed<'a>(&self, bytes: &'a [u8], loc: &BlobLocation) -> RepoResult<&'a [u8]> {
+    pub(crate) fn sealed<'a>(&self, bytes: &'a [u8], loc: Span<'_>) -> RepoResult<&'a [u8]> {
         let from = u64::from(loc.offset)
             .checked_sub(self.start)
             .and_then(|f| usize::try_from(f).ok())
@@ -64,7 +80,10 @@ impl PackRead {
 ///
 /// # Errors
 /// A pack id that makes no key (cannot happen for ids from the index).
-pub(crate) fn plan<T>(wants: &[T], loc: impl Fn(&T) -> &BlobLocation) -> RepoResult<Vec<PackRead>> {
+pub(crate) fn plan<'a, T>(
+    wants: &'a [T],
+    loc: impl Fn(&'a T) -> Span<'a>,
+) -> RepoResult<Vec<PackRead>> {
     let mut reads = Vec::new();
     let mut start = 0;
     while let Some(first) = wants.get(start).map(&loc) {
@@ -83,7 +102,7 @@ pub(crate) fn plan<T>(wants: &[T], loc: impl Fn(&T) -> &BlobLocation) -> RepoRes
             end += 1;
         }
         reads.push(PackRead {
-            key: layout::pack(&first.pack)?,
+            key: layout::pack(first.pack)?,
             start: range_start,
             len: range_end - range_start,
             wants: start..end,
@@ -177,7 +196,7 @@ mod tests {
             at(1, 150 + 2 * gap + 1, 10), // one byte past it: a new read
             at(2, 0, 10),                 // another pack
         ];
-        let reads = plan(&wants, |l| l).unwrap();
+        let reads = plan(&wants, Span::from).unwrap();
         let summary: Vec<_> = reads.iter().map(|r| (r.start, r.len, r.wants.clone())).collect();
         assert_eq!(
             summary,
@@ -186,10 +205,13 @@ mod tests {
         assert_ne!(reads[0].key, reads[2].key);
         // The bytes of a blob are found in its read's result.
         let bytes: Vec<u8> = (0..reads[0].len).map(|i| (i % 251) as u8).collect();
-        let sealed = reads[0].sealed(&bytes, &wants[1]).unwrap();
+        let sealed = reads[0].sealed(&bytes, Span::from(&wants[1])).unwrap();
         assert_eq!(sealed.len(), 50);
         assert_eq!(sealed[0], bytes[100 + gap as usize]);
-        assert!(reads[0].sealed(&bytes[..120], &wants[1]).is_err(), "a short read is named");
+        assert!(
+            reads[0].sealed(&bytes[..120], Span::from(&wants[1])).is_err(),
+            "a short read is named"
+        );
     }
 
     /// Counts the ranged reads in the store at once, holding each a moment.
@@ -259,7 +281,7 @@ mod tests {
     fn no_read_grows_past_the_largest_read() {
         let block = 4 << 20;
         let wants: Vec<_> = (0..20).map(|i| at(7, i * block, block)).collect();
-        let reads = plan(&wants, |l| l).unwrap();
+        let reads = plan(&wants, Span::from).unwrap();
         assert!(reads.iter().all(|r| r.len <= MAX_READ));
         assert_eq!(reads.len(), 3, "80 MiB in reads of at most 32 MiB");
         assert_eq!(reads.iter().map(|r| r.wants.len()).sum::<usize>(), 20);

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::frames::{Claim, Claims, FrameKey};
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobOpener, ChunkRef, Frame, Metadata, ObjectKind, open_blob};
-use crate::pack_reads;
+use crate::pack_reads::{self, Span};
 use crate::repo::BlobLocation;
 use crate::restore::Shared;
 use crate::restore::fsops::{self, Warnings};
@@ -205,7 +205,7 @@ fn fetch_and_write(
         return Ok(());
     }
     wants.sort_by_key(|w| (w.loc.pack, w.loc.offset, w.chunk.id));
-    let mut reads = pack_reads::plan(wants, |w| &w.loc)?;
+    let mut reads = pack_reads::plan(wants, |w| Span::from(&w.loc))?;
     // The reads of frames other batches may wait for go first.
     reads.sort_by_cached_key(|read| {
         !wants[read.wants.clone()].iter().any(|w| {
@@ -218,7 +218,7 @@ fn fetch_and_write(
         let mut opener = BlobOpener::default();
         let mut last: Option<(crate::format::BlobId, Vec<u8>)> = None;
         for w in &wants[read.wants.clone()] {
-            let sealed = read.sealed(&bytes, &w.loc)?;
+            let sealed = read.sealed(&bytes, Span::from(&w.loc))?;
             let corrupt = |e| RepoError::corrupt(blob_in(w), e);
             if w.loc.kind == ObjectKind::FramedData {
                 let at = (w.loc.pack, w.loc.offset);
