@@ -13,30 +13,40 @@ use crate::ops::{create_or_get, get_opt};
 use crate::provisioning::SlowClaim;
 use crate::wait::{Look, until};
 
-/// Tracks how long a pod has been reported unschedulable, and how long its claim unbound.
+/// What the scheduler says of a pod it has not placed, look after look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Its claim is not bound yet.
+    Unbound,
+    /// Any other reason.
+    Rejected,
+}
+
+/// Tracks since when the scheduler has held a pod back for the same kind of reason.
 #[derive(Debug, Default)]
 pub(crate) struct Unschedulable {
-    since: Mutex<Option<Instant>>,
-    unbound_since: Mutex<Option<Instant>>,
+    since: Mutex<Option<(Held, Instant)>>,
 }
 
 impl Unschedulable {
-    /// How long the scheduler has said, look after look, that the pod's claim is unbound.
-    fn unbound_for(&self) -> Option<Duration> {
-        self.unbound_since.lock().unwrap_or_else(PoisonError::into_inner).map(|s| s.elapsed())
+    /// Notes this look's reason (`None`: not held back); returns since when the pod has been
+    /// held for it.
+    fn note(&self, held: Option<Held>) -> Option<Instant> {
+        let mut since = self.since.lock().unwrap_or_else(PoisonError::into_inner);
+        *since = match (held, *since) {
+            (Some(now), Some((before, at))) if now == before => Some((now, at)),
+            (Some(now), _) => Some((now, Instant::now())),
+            (None, _) => None,
+        };
+        since.map(|(_, at)| at)
     }
 
-    fn note(&self, rejected: Option<bool>) {
-        let set = |m: &Mutex<Option<Instant>>, on: bool| {
-            let mut since = m.lock().unwrap_or_else(PoisonError::into_inner);
-            if !on {
-                *since = None;
-            } else if since.is_none() {
-                *since = Some(Instant::now());
-            }
-        };
-        set(&self.since, rejected == Some(true));
-        set(&self.unbound_since, rejected == Some(false));
+    /// How long the scheduler has said, look after look, that the pod's claim is unbound.
+    fn unbound_for(&self) -> Option<Duration> {
+        match *self.since.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some((Held::Unbound, at)) => Some(at.elapsed()),
+            _ => None,
+        }
     }
 }
 
@@ -101,19 +111,14 @@ pub(crate) fn placed(
         });
     match rejected {
         Some(reason) if reason.contains(UNBOUND_CLAIM) => {
-            unschedulable.note(Some(false));
+            unschedulable.note(Some(Held::Unbound));
             Ok(Look::NotYet(format!(
                 "pod {} waits for its volume to be provisioned ({reason})",
                 pod.name_any()
             )))
         }
         Some(reason) => {
-            unschedulable.note(Some(true));
-            let since = *unschedulable
-                .since
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get_or_insert_with(Instant::now);
+            let since = unschedulable.note(Some(Held::Rejected)).unwrap_or_else(Instant::now);
             if since.elapsed() >= grace {
                 return Err(ExposeError::Unusable(format!(
                     "pod {} cannot be scheduled ({reason}) for {:?}",
