@@ -152,9 +152,7 @@ impl CsiBackupExposer {
             source_content.labels().get(objects::MANAGED_BY_LABEL).map(String::as_str),
         )?;
         if keep {
-            content
-                .annotations_mut()
-                .insert(kept::KEEP_DECIDED_ANNOTATION.to_owned(), "true".to_owned());
+            kept::mark_to_keep(&mut content, du);
         }
         if let Some(volume) =
             source_content.spec.source.volume_handle.as_ref().filter(|v| !v.is_empty())
@@ -361,17 +359,17 @@ impl Exposer<DataUpload> for CsiBackupExposer {
         self.waits.done(&name);
         let completed =
             du.status.as_ref().and_then(|s| s.phase) == Some(DataUploadPhase::Completed);
-        // A completed block backup's physical snapshot stays, as the next delta's base.
-        let kept_at = tokio::time::Instant::now();
+        // A completed block backup's physical snapshot stays, as the next delta's base; one
+        // made to be kept whose backup did not complete goes, `Delete` written first.
         let kept = completed && kept::keep(&self.client, du).await?;
+        if !kept {
+            kept::let_go(&self.client, du).await?;
+        }
         // The PVC only once the node has let go of its volume (see `release`).
         let holder = objects::holder_name(&name);
         let step = "deleting the backup pod";
         release::delete_holder(&self.client, &self.config, &holder, &name, timeout, step).await?;
         delete_if_present(&self.claims(), &name, "deleting the backup PVC").await?;
-        if kept {
-            tokio::time::sleep_until(kept_at + kept::SETTLE).await;
-        }
         delete_if_present(&self.snapshots(), &name, "deleting the backup snapshot").await?;
         if !kept {
             // deletionPolicy Delete: this removes the physical snapshot too.
@@ -562,7 +560,7 @@ pub(crate) mod tests {
                 && value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)))
     }
 
-    fn upload(name: &str) -> DataUpload {
+    pub(crate) fn upload(name: &str) -> DataUpload {
         serde_json::from_value(json!({
             "apiVersion": "velero.io/v2alpha1", "kind": "DataUpload",
             "metadata": { "name": name, "namespace": "velero" },

@@ -2,17 +2,24 @@
 //! backup as the base of the next backup's changed-block delta
 //! ([`crate::ExposerConfig::keep_base_snapshot`]).
 //!
-//! The backup's VolumeSnapshotContent itself is kept: set to `Retain` before its
-//! VolumeSnapshot is deleted, and labelled [`KEPT_BASE_LABEL`] with the source PVC. It is
-//! released (set back to `Delete`, then deleted) when a newer backup of the same PVC completes
-//! or its backup is deleted; the CSI snapshotter sidecar then deletes the physical snapshot.
-//! The object is kept, not just the handle, because the sidecar deletes a physical snapshot
-//! only for a content that still carries its bound-protection finalizer and the
-//! snapshot-controller's being-deleted annotation; a content made afresh for a handle has
-//! neither and would be removed without the snapshot. Everything is visible with
-//! `kubectl get volumesnapshotcontents -l ferry.io/kept-base=true`.
-
-use std::time::Duration;
+//! The backup's VolumeSnapshotContent itself is kept. When keeping is decided (as the content
+//! is made, before the backup moves anything), the content is made `Retain`, labelled
+//! [`KEPT_BASE_LABEL`]` = pending` and annotated with its DataUpload. Once the backup
+//! completes, its cleanup labels it `true` with the source PVC and deletes the VolumeSnapshot;
+//! a backup that does not complete sets it back to `Delete` before deleting the VolumeSnapshot,
+//! so the physical snapshot goes with it. The snapshot-controller decides from its cache
+//! whether deleting the VolumeSnapshot deletes the content: since the content was `Retain` from
+//! the moment it was made, that cache cannot hold an older `Delete`, and a kept content is
+//! never deleted under a `Retain` that would leave its physical snapshot with no object.
+//!
+//! A kept base is released (set back to `Delete`, then deleted) when a newer backup of the same
+//! PVC completes or its DataUpload is gone (its backup deleted, or a pending one's agent gone
+//! before its cleanup); the CSI snapshotter sidecar then deletes the physical snapshot. The
+//! object is kept, not just the handle, because the sidecar deletes a physical snapshot only for
+//! a content that still carries its bound-protection finalizer and the snapshot-controller's
+//! being-deleted annotation; a content made afresh for a handle has neither and would be
+//! removed without the snapshot. Everything is visible with
+//! `kubectl get volumesnapshotcontents -l ferry.io/kept-base`.
 
 use ferry_agent::VolumeMode;
 use ferry_api::k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -34,12 +41,19 @@ pub(crate) const KEEP_DECIDED_ANNOTATION: &str = "ferry.io/keep-base";
 /// The backup content's annotation naming the CSI handle of the volume its snapshot was taken
 /// of (from the source content's `spec.source.volumeHandle`).
 pub(crate) const SOURCE_VOLUME_ANNOTATION: &str = "ferry.io/source-volume-handle";
-/// When the backup whose base this is completed (RFC 3339): the newest kept base of a PVC is
-/// the one its newest backup read.
-const COMPLETED_ANNOTATION: &str = "ferry.io/completed-at";
+/// When the backup whose base this is completed, in seconds since the Unix epoch: the newest
+/// kept base of a PVC is the one its newest backup read. A label, not an annotation: the
+/// snapshot-controller, as the VolumeSnapshot is deleted, writes back the content's annotations
+/// from its cache (a JSON patch replacing all of them, without a precondition), which may not
+/// hold one written just before. Bases kept by an earlier Ferry carry it as an RFC 3339
+/// annotation of the same name.
+const COMPLETED_LABEL: &str = "ferry.io/completed-at";
 
-/// The label of a kept base snapshot's VolumeSnapshotContent (`true`).
+/// The label of a kept base snapshot's VolumeSnapshotContent: `true` once its backup
+/// completed, `pending` while the backup that is to keep it runs.
 pub const KEPT_BASE_LABEL: &str = "ferry.io/kept-base";
+/// [`KEPT_BASE_LABEL`]'s value while the backup runs.
+const PENDING: &str = "pending";
 /// The source PVC's namespace and name, as label values (for selection).
 const SOURCE_NAMESPACE_LABEL: &str = "ferry.io/source-namespace";
 const SOURCE_PVC_LABEL: &str = "ferry.io/source-pvc";
@@ -48,12 +62,6 @@ const SOURCE_ANNOTATION: &str = "ferry.io/source";
 /// The DataUpload whose backup kept it, `namespace/name`: once that is gone (Velero deletes a
 /// backup's DataUploads when it deletes the backup), so is the reason to keep it.
 const DATA_UPLOAD_ANNOTATION: &str = "ferry.io/data-upload";
-
-/// How long the snapshot-controller is given to see `Retain` before the VolumeSnapshot is
-/// deleted: it decides from its cache whether deleting the snapshot deletes the content, and a
-/// content deleted with `Retain` already on it would leave the physical snapshot with no
-/// object at all.
-pub(crate) const SETTLE: Duration = Duration::from_secs(2);
 
 fn source_of(du: &DataUpload) -> String {
     format!("{}/{}", du.spec.source_namespace, du.spec.source_pvc)
@@ -93,59 +101,107 @@ pub(crate) async fn wanted(
     }
 }
 
-/// Whether `content` was made to be kept (see [`wanted`]) and is not being deleted (released
-/// meanwhile: keeping it now would turn the release into an orphaned physical snapshot).
+/// Marks the backup content of `du`, not yet made, to be kept once the backup completes (see
+/// [`wanted`]): `Retain` from the start, labelled [`KEPT_BASE_LABEL`]` = pending`, annotated
+/// with the DataUpload (so an agent gone before the cleanup leaves nothing the sweep cannot
+/// find) and the source PVC. Every annotation is written here, long before the VolumeSnapshot
+/// is deleted (see [`COMPLETED_LABEL`]).
+pub(crate) fn mark_to_keep(content: &mut VolumeSnapshotContent, du: &DataUpload) {
+    content.spec.deletion_policy = "Retain".into();
+    content.labels_mut().insert(KEPT_BASE_LABEL.to_owned(), PENDING.to_owned());
+    let annotations = content.annotations_mut();
+    annotations.insert(KEEP_DECIDED_ANNOTATION.to_owned(), "true".to_owned());
+    annotations.insert(DATA_UPLOAD_ANNOTATION.to_owned(), data_upload_of(du));
+    annotations.insert(SOURCE_ANNOTATION.to_owned(), source_of(du));
+}
+
+fn data_upload_of(du: &DataUpload) -> String {
+    format!("{}/{}", du.namespace().unwrap_or_default(), du.name_any())
+}
+
+/// Whether `content` was made to be kept (see [`mark_to_keep`]) and is not being deleted
+/// (released meanwhile: keeping it now would turn the release into an orphaned physical
+/// snapshot). One made by an earlier Ferry, which set `Retain` only after the backup, is not:
+/// the snapshot-controller may still hold its `Delete`.
 pub(crate) fn decided(content: &VolumeSnapshotContent) -> bool {
     content.annotations().get(KEEP_DECIDED_ANNOTATION).map(String::as_str) == Some("true")
         && content.spec.source_volume_mode.as_deref() == Some("Block")
+        && content.spec.deletion_policy == "Retain"
         && content.metadata.deletion_timestamp.is_none()
 }
 
-/// The moment `du` completed, as recorded on its kept base.
+/// The moment `du` completed, as recorded on its kept base ([`COMPLETED_LABEL`]).
 fn completed_at(du: &DataUpload) -> String {
     du.status
         .as_ref()
         .and_then(|s| s.completion_timestamp.as_ref())
-        .map(|t| t.0.to_string())
+        .map(|t| t.0.as_second().to_string())
         .unwrap_or_default()
 }
 
-/// Sets the backup content of `du` to `Retain` and labels it as a kept base, if it was made to
-/// be kept ([`decided`]). `false` when it was not, is gone, or is being deleted (nothing to
-/// keep).
+/// When the backup of kept base `c` completed (seconds since the Unix epoch; 0 unknown).
+fn completed_of(c: &VolumeSnapshotContent) -> i64 {
+    if let Some(seconds) = c.labels().get(COMPLETED_LABEL).and_then(|s| s.parse().ok()) {
+        return seconds;
+    }
+    c.annotations()
+        .get(COMPLETED_LABEL)
+        .and_then(|s| s.parse::<ferry_api::k8s_openapi::jiff::Timestamp>().ok())
+        .map_or(0, |t| t.as_second())
+}
+
+/// Labels the backup content of `du`, completed, as a kept base, if it was made to be kept
+/// ([`decided`]: already `Retain`). `false` when it was not, is gone, or is being deleted
+/// (nothing to keep).
 pub(crate) async fn keep(client: &Client, du: &DataUpload) -> Result<bool, ExposeError> {
     let name = du.name_any();
     let source = source_of(du);
-    let data_upload = format!("{}/{name}", du.namespace().unwrap_or_default());
+    let data_upload = data_upload_of(du);
     let completed = completed_at(du);
     let mut wanted = false;
     let kept = update(&contents(client), &name, "keeping the backup's snapshot", |c| {
         // Not to be kept, or released already (a newer backup's cleanup got here first):
-        // never back to Retain.
+        // nothing to label.
         wanted = decided(c);
         if !wanted {
             return false;
         }
-        c.annotations_mut().insert(COMPLETED_ANNOTATION.to_owned(), completed.clone());
+        let before = (c.labels().clone(), c.annotations().clone());
         let labels = c.labels_mut();
-        let mut change = labels.get(KEPT_BASE_LABEL).map(String::as_str) != Some("true");
         labels.insert(KEPT_BASE_LABEL.to_owned(), "true".to_owned());
+        labels.insert(COMPLETED_LABEL.to_owned(), completed.clone());
         labels.insert(
             SOURCE_NAMESPACE_LABEL.to_owned(),
             valid_label_value(&du.spec.source_namespace),
         );
         labels.insert(SOURCE_PVC_LABEL.to_owned(), valid_label_value(&du.spec.source_pvc));
+        // Written when the content was made (see `mark_to_keep`); again for one made by an
+        // earlier Ferry, where the snapshot-controller's write-back may undo them.
         let annotations = c.annotations_mut();
         annotations.insert(SOURCE_ANNOTATION.to_owned(), source.clone());
         annotations.insert(DATA_UPLOAD_ANNOTATION.to_owned(), data_upload.clone());
-        if c.spec.deletion_policy != "Retain" {
-            c.spec.deletion_policy = "Retain".into();
-            change = true;
-        }
-        change
+        (c.labels(), c.annotations()) != (&before.0, &before.1)
     })
     .await?;
     Ok(kept.is_some() && wanted)
+}
+
+/// Sets the backup content of `du`, made to be kept but not kept (its backup did not complete),
+/// back to `Delete` and drops its label, so deleting it deletes the physical snapshot. Must
+/// come before the VolumeSnapshot's deletion: the snapshot-controller then deletes the content
+/// itself, or leaves it to the cleanup; either way the sidecar sees `Delete`, written first.
+pub(crate) async fn let_go(client: &Client, du: &DataUpload) -> Result<(), ExposeError> {
+    update(&contents(client), &du.name_any(), "letting go of the backup's snapshot", |c| {
+        if c.annotations().get(KEEP_DECIDED_ANNOTATION).map(String::as_str) != Some("true") {
+            return false;
+        }
+        let labelled = c.labels_mut().remove(KEPT_BASE_LABEL).is_some();
+        let retained = c.spec.deletion_policy != "Delete";
+        c.spec.deletion_policy = "Delete".into();
+        labelled || retained
+    })
+    .await?;
+    Ok(())
 }
 
 /// Releases every kept base of `du`'s source PVC but the newest (by the completion of its
@@ -168,11 +224,8 @@ pub(crate) async fn release_superseded(
                 && c.metadata.deletion_timestamp.is_none()
         })
         .collect();
-    let completed = |c: &VolumeSnapshotContent| {
-        c.annotations().get(COMPLETED_ANNOTATION).cloned().unwrap_or_default()
-    };
-    // RFC 3339 in UTC sorts as text; the newest last, and it stays.
-    bases.sort_by_key(|c| (completed(c), c.name_any()));
+    // The newest last, and it stays.
+    bases.sort_by_key(|c| (completed_of(c), c.name_any()));
     bases.pop();
     let mut released = 0;
     for content in bases {
@@ -185,7 +238,7 @@ pub(crate) async fn release_superseded(
     Ok(released)
 }
 
-/// Releases the kept base snapshot whose VolumeSnapshotContent is `name`: set back to
+/// Releases the kept (or pending) base snapshot whose VolumeSnapshotContent is `name`: set back to
 /// `Delete`, then deleted, so the CSI snapshotter sidecar deletes the physical snapshot (it
 /// finishes in the background; a content that stays `Terminating` means the sidecar could not).
 /// `false` when `name` is not a kept base (absent, or not labelled so: nothing is touched).
@@ -195,7 +248,7 @@ pub(crate) async fn release_superseded(
 pub async fn release_kept_base(client: &Client, name: &str) -> Result<bool, ExposeError> {
     let api = contents(client);
     let is_kept = |c: &VolumeSnapshotContent| {
-        c.labels().get(KEPT_BASE_LABEL).map(String::as_str) == Some("true")
+        matches!(c.labels().get(KEPT_BASE_LABEL).map(String::as_str), Some("true" | PENDING))
     };
     match get_opt(&api, name, "reading a kept base snapshot").await? {
         Some(c) if is_kept(&c) => {}
@@ -229,8 +282,9 @@ async fn list(client: &Client, selector: &str) -> Result<Vec<VolumeSnapshotConte
     })
 }
 
-/// Releases every kept base whose DataUpload, in `namespace`, is gone: its backup was deleted
-/// (Velero deletes a backup's DataUploads with it). The number released.
+/// Releases every kept or pending base whose DataUpload, in `namespace`, is gone: its backup
+/// was deleted (Velero deletes a backup's DataUploads with it), or a pending one's cleanup
+/// never ran. The number released.
 ///
 /// # Errors
 /// The API server refused a read or a write.
@@ -240,7 +294,7 @@ pub async fn release_orphaned_kept_bases(
 ) -> Result<usize, ExposeError> {
     let uploads: Api<DataUpload> = Api::namespaced(client.clone(), namespace);
     let mut released = 0;
-    for content in list(client, &format!("{KEPT_BASE_LABEL}=true")).await? {
+    for content in list(client, KEPT_BASE_LABEL).await? {
         let Some((ns, upload)) =
             content.annotations().get(DATA_UPLOAD_ANNOTATION).and_then(|d| d.split_once('/'))
         else {
@@ -273,4 +327,63 @@ pub async fn release_orphaned_kept_bases(
         }
     }
     Ok(released)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn content(mode: &str) -> VolumeSnapshotContent {
+        crate::objects::backup_content(
+            "b-1",
+            "snap-1",
+            "hostpath.csi.k8s.io",
+            None,
+            Some(mode),
+            "velero",
+            None,
+        )
+        .expect("a valid content")
+    }
+
+    #[test]
+    fn a_content_to_be_kept_is_retained_from_the_start_and_found_by_the_sweep() {
+        let du = crate::backup::tests::upload("b-1");
+        let mut c = content("Block");
+        assert!(!decided(&c), "not marked");
+        mark_to_keep(&mut c, &du);
+        assert_eq!(c.spec.deletion_policy, "Retain");
+        assert_eq!(c.labels()[KEPT_BASE_LABEL], PENDING);
+        assert_eq!(c.annotations()[DATA_UPLOAD_ANNOTATION], "velero/b-1");
+        assert_eq!(c.annotations()[SOURCE_ANNOTATION], "app/data");
+        assert!(decided(&c));
+        // Not a kept base yet: a newer backup's cleanup leaves it alone.
+        assert_ne!(c.labels()[KEPT_BASE_LABEL], "true");
+
+        // As an earlier Ferry made it: decided, but `Delete` until the end.
+        let mut legacy = c.clone();
+        legacy.spec.deletion_policy = "Delete".into();
+        assert!(!decided(&legacy), "the snapshot-controller may still hold Delete");
+        // Released meanwhile.
+        let mut released = c.clone();
+        released.metadata.deletion_timestamp =
+            Some(ferry_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                ferry_api::k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(!decided(&released));
+        // A file-system volume's snapshot is never a delta base.
+        let mut files = content("Filesystem");
+        mark_to_keep(&mut files, &du);
+        assert!(!decided(&files));
+    }
+
+    #[test]
+    fn the_completion_is_read_from_the_label_else_from_an_earlier_ferrys_annotation() {
+        let mut c = content("Block");
+        assert_eq!(completed_of(&c), 0);
+        c.annotations_mut().insert(COMPLETED_LABEL.into(), "2026-11-29T17:45:12Z".into());
+        assert_eq!(completed_of(&c), 1_795_974_312);
+        c.labels_mut().insert(COMPLETED_LABEL.into(), "1796017600".into());
+        assert_eq!(completed_of(&c), 1_796_017_600);
+    }
 }

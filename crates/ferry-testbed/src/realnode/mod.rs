@@ -548,6 +548,12 @@ deletionPolicy: Delete
             .unwrap_or_else(|| self.first().hostpath_volume(handle))
     }
 
+    /// Whether the CSI hostpath driver of any node still keeps the physical snapshot `handle`.
+    #[must_use]
+    pub fn hostpath_snapshot_exists(&self, handle: &str) -> bool {
+        self.nodes.iter().any(|n| n.hostpath_snapshot(handle).exists())
+    }
+
     /// A kubeconfig for the cluster's API server on the host's loopback.
     #[must_use]
     pub fn kubeconfig(&self) -> &Path {

@@ -500,6 +500,13 @@ fileCheckFrequency: 10s
         self.dir.path().join("hostpath").join(handle)
     }
 
+    /// Where the CSI hostpath driver keeps the physical snapshot `handle` on this node (a
+    /// file its DeleteSnapshot removes).
+    #[must_use]
+    pub fn hostpath_snapshot(&self, handle: &str) -> PathBuf {
+        self.dir.path().join("hostpath").join(format!("{handle}.snap"))
+    }
+
     /// PIDs of the node's processes and of its namespaces' first process.
     #[must_use]
     pub fn pids(&self) -> Vec<u32> {

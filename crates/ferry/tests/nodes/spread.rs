@@ -129,5 +129,10 @@ pub async fn thirty_uploads_each_move_once_where_their_data_is(setup: &node::Nod
             du.labels()
         );
     }
-    crate::support::nothing_exposed_for(&client, uploads.iter().map(|(n, _)| n.as_str())).await
+    crate::support::nothing_exposed_for(
+        &client,
+        setup.cluster,
+        uploads.iter().map(|(n, _)| n.as_str()),
+    )
+    .await
 }

@@ -197,8 +197,13 @@ async fn content_when(
 /// A block PVC `ns/disk` of `size` whose backups keep their physical snapshot as the next
 /// delta's base (the PVC's [`ferry_expose::KEEP_BASE_ANNOTATION`] set to `true`).
 pub async fn kept_block_pvc(client: &kube::Client, ns: &str, size: &str) -> TestResult {
-    use kube::api::{Patch, PatchParams};
     node::create_pvc(client, ns, "disk", size, "Block").await?;
+    keep_base(client, ns, "disk").await
+}
+
+/// Sets PVC `ns/pvc`'s [`ferry_expose::KEEP_BASE_ANNOTATION`] to `true`.
+pub async fn keep_base(client: &kube::Client, ns: &str, pvc: &str) -> TestResult {
+    use kube::api::{Patch, PatchParams};
     let keep = serde_json::json!({
         "metadata": { "annotations": { ferry_expose::KEEP_BASE_ANNOTATION: "true" } }
     });
@@ -206,7 +211,7 @@ pub async fn kept_block_pvc(client: &kube::Client, ns: &str, size: &str) -> Test
         client.clone(),
         ns,
     )
-    .patch("disk", &PatchParams::default(), &Patch::Merge(&keep))
+    .patch(pvc, &PatchParams::default(), &Patch::Merge(&keep))
     .await?;
     Ok(())
 }

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use ferry_api::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use ferry_api::{DataDownload, DataUpload};
+use ferry_api::{DataDownload, DataUpload, VolumeSnapshotContent};
 use ferry_testbed::netns::Gate;
 use ferry_testbed::realnode::{self, KUBELET_ROOT};
 use ferry_testbed::{S3Server, VELERO_NAMESPACE};
@@ -166,6 +166,52 @@ async fn remove_holder(
         }
     }
     Ok(pod.metadata.uid.unwrap_or_default())
+}
+
+/// The physical snapshot of block backup `name`, whose PVC asks for it to be kept as the next
+/// delta's base: its content is `Retain` and labelled pending from the start, not only once
+/// the backup completes.
+async fn pending_base(client: &Client, name: &str) -> Result<String, Box<dyn std::error::Error>> {
+    use kube::ResourceExt;
+    let contents: Api<VolumeSnapshotContent> = Api::all(client.clone());
+    let deadline = Instant::now() + WAIT;
+    let content = loop {
+        if let Some(content) = contents.get_opt(name).await? {
+            break content;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{name} made no backup content within {WAIT:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(content.spec.deletion_policy, "Retain", "{name}: {content:?}");
+    let label = content.labels().get(ferry_expose::KEPT_BASE_LABEL).map(String::as_str);
+    assert_eq!(label, Some("pending"), "{name}: {content:?}");
+    let handle = content.spec.source.snapshot_handle.ok_or(format!("{name}: no handle"))?;
+    let node = node::node();
+    assert!(
+        node.cluster.hostpath_snapshot_exists(&handle),
+        "{name}: the driver keeps no snapshot {handle} while the backup runs"
+    );
+    Ok(handle)
+}
+
+/// A backup that did not complete keeps nothing, though its PVC asked for its base to be kept:
+/// its content goes, and the driver deletes the physical snapshot `handle`.
+async fn nothing_kept(node: &node::Node, client: &Client, name: &str, handle: &str) -> TestResult {
+    let contents: Api<VolumeSnapshotContent> = Api::all(client.clone());
+    let deadline = Instant::now() + WAIT;
+    while let Some(content) = contents.get_opt(name).await? {
+        if Instant::now() > deadline {
+            return Err(format!("{name}'s content still there after {WAIT:?}: {content:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        !node.cluster.hostpath_snapshot_exists(handle),
+        "{name} did not complete, yet the driver keeps its snapshot {handle}"
+    );
+    Ok(())
 }
 
 /// Waits until CR `name` ends; it must be Failed, saying that the holding pod went away.
@@ -331,6 +377,8 @@ async fn holding_pods_gone_while_waiting_for_a_slot_or_mid_backup_fail_their_upl
     let gate = gate(node).await?;
     let ns = node.namespace("held-up").await?;
     filled_volumes(&client, &ns).await?;
+    // The block PVC's backups are to keep their base snapshot, had they completed.
+    crate::cbt::keep_base(&client, &ns, "disk").await?;
 
     let _reopen = Reopen(gate);
     let mut gone = Vec::new();
@@ -349,6 +397,14 @@ async fn holding_pods_gone_while_waiting_for_a_slot_or_mid_backup_fail_their_upl
         let snapshot = node::snapshot(&client, &ns, pvc).await?;
         let waiting =
             name_of(&node::data_upload(&client, &ns, pvc, &snapshot, "held-waiting").await?);
+        let bases = if pvc == "disk" {
+            vec![
+                (moving.clone(), pending_base(&client, &moving).await?),
+                (waiting.clone(), pending_base(&client, &waiting).await?),
+            ]
+        } else {
+            Vec::new()
+        };
         gone.push(remove_holder(&client, &waiting, waiting_for_slot, true).await?);
         let status = wait_failed::<DataUpload>(&client, &waiting).await?;
         assert!(status["startTimestamp"].is_null(), "it never started moving: {status}");
@@ -371,6 +427,9 @@ async fn holding_pods_gone_while_waiting_for_a_slot_or_mid_backup_fail_their_upl
             "{pvc}: {message}"
         );
         assert_eq!(status["snapshotID"].as_str().unwrap_or_default(), "", "no snapshot: {status}");
+        for (name, handle) in &bases {
+            nothing_kept(node, &client, name, handle).await?;
+        }
         gate.open();
     }
 
