@@ -1,4 +1,5 @@
-//! Thin wrappers over system calls that neither std nor nix offer: extended attributes.
+//! Thin wrappers over system calls that neither std nor nix offer: extended attributes, and
+//! starting a file's writeback (`sync_file_range`).
 //!
 //! This is the one module allowed `unsafe`: each block passes a valid NUL-terminated path or
 //! an open descriptor and a buffer whose length is passed alongside, as the calls require.
@@ -162,6 +163,30 @@ pub(crate) fn set_xattr(t: Target<'_>, name: &[u8], value: &[u8]) -> io::Result<
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
+/// Starts writing back every dirty page of `fd` (`sync_file_range` with
+/// `SYNC_FILE_RANGE_WRITE` over the whole file) without waiting for the writes to finish: a
+/// later fsync then finds less to write. It may wait while the device's queue is full. Not a
+/// durability guarantee (no metadata, no device cache flush): only fsync is.
+///
+/// # Errors
+/// Only those that say the data cannot be written (`EIO`, `ENOSPC`, `EDQUOT`): a file system
+/// may return such an error from the writeback it does here without recording it for a later
+/// fsync, so it is the caller's failure. Any other (no writeback for this kind of file, a
+/// sandbox without the call, short of memory) leaves the pages dirty for the fsync, and is
+/// not an error.
+pub(crate) fn start_writeback(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: a valid open descriptor and plain integers.
+    let rc = unsafe { libc::sync_file_range(fd.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EIO | libc::ENOSPC | libc::EDQUOT) => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// Raises the soft limit on open files to the hard limit (deep trees keep one descriptor per
 /// level open); returns the limit now in force.
 pub(crate) fn raise_fd_limit() -> u64 {
@@ -224,6 +249,17 @@ mod tests {
             .map_err(io::Error::other)?;
         assert_eq!(list_xattrs(Target::PathNoFollow(&cpath))?, listed);
         Ok(())
+    }
+
+    #[test]
+    fn writeback_starts_on_a_file_and_is_no_error_where_there_is_none_to_start() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let file = std::fs::File::create(dir.path().join("f"))?;
+        std::io::Write::write_all(&mut &file, &[7u8; 1 << 16])?;
+        start_writeback(file.as_fd())?;
+        // A pipe has no pages to write (ESPIPE): nothing for the fsync to miss.
+        let (read, _write) = nix::unistd::pipe().map_err(io::Error::from)?;
+        start_writeback(read.as_fd())
     }
 
     /// `getxattrat` reads the entry itself: through a symlink to a file with the attribute

@@ -368,6 +368,8 @@ fn run(
         return Err(RepoError::Cancelled);
     }
     let Some(pages) = pages else {
+        // One entry restored (`--path` of a file): flushed all the same.
+        flush(&root_fd, target)?;
         return Ok(counts);
     };
     // Directory metadata last, deepest first, once nothing more is written into them.
@@ -386,12 +388,17 @@ fn run(
     )
     .map_err(|e| RepoError::io("set metadata of", target, e))?;
     shared.warn(warnings);
-    // Everything written reaches the disk before the restore says it is done: a write-back
-    // error is this restore's failure, not a later unmount's.
-    nix::unistd::syncfs(root_fd.as_fd())
-        .map_err(|e| RepoError::io("flush the restored files of", target, fsops::err(e)))?;
+    flush(&root_fd, target)?;
     counts.dirs += 1;
     Ok(counts)
+}
+
+/// Everything written reaches the disk before the restore says it is done: a write-back error
+/// is this restore's failure, not a later unmount's. `root` was opened before any file was
+/// written, so syncfs reports every error since (Linux 5.8 and later).
+fn flush(root: &impl AsFd, target: &Path) -> RepoResult<()> {
+    nix::unistd::syncfs(root.as_fd())
+        .map_err(|e| RepoError::io("flush the restored files of", target, fsops::err(e)))
 }
 
 /// Iterates a directory's entries page by page, checking order across pages.

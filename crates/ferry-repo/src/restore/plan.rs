@@ -226,6 +226,7 @@ impl Planner<'_> {
                         path: path.clone(),
                         meta: node.meta.clone(),
                         pending: AtomicUsize::new(segments.len()),
+                        write_back: content.size >= super::data::WRITE_BACK_BYTES,
                         _dir: Arc::clone(dir),
                     });
                     for chunks in segments {
