@@ -155,8 +155,6 @@ fn completed_of(c: &VolumeSnapshotContent) -> i64 {
 /// (nothing to keep).
 pub(crate) async fn keep(client: &Client, du: &DataUpload) -> Result<bool, ExposeError> {
     let name = du.name_any();
-    let source = source_of(du);
-    let data_upload = data_upload_of(du);
     let completed = completed_at(du);
     let mut wanted = false;
     let kept = update(&contents(client), &name, "keeping the backup's snapshot", |c| {
@@ -166,7 +164,7 @@ pub(crate) async fn keep(client: &Client, du: &DataUpload) -> Result<bool, Expos
         if !wanted {
             return false;
         }
-        let before = (c.labels().clone(), c.annotations().clone());
+        let before = c.labels().clone();
         let labels = c.labels_mut();
         labels.insert(KEPT_BASE_LABEL.to_owned(), "true".to_owned());
         labels.insert(COMPLETED_LABEL.to_owned(), completed.clone());
@@ -175,12 +173,8 @@ pub(crate) async fn keep(client: &Client, du: &DataUpload) -> Result<bool, Expos
             valid_label_value(&du.spec.source_namespace),
         );
         labels.insert(SOURCE_PVC_LABEL.to_owned(), valid_label_value(&du.spec.source_pvc));
-        // Written when the content was made (see `mark_to_keep`); again for one made by an
-        // earlier Ferry, where the snapshot-controller's write-back may undo them.
-        let annotations = c.annotations_mut();
-        annotations.insert(SOURCE_ANNOTATION.to_owned(), source.clone());
-        annotations.insert(DATA_UPLOAD_ANNOTATION.to_owned(), data_upload.clone());
-        (c.labels(), c.annotations()) != (&before.0, &before.1)
+        // Its annotations were all written when it was made (`mark_to_keep`).
+        *c.labels() != before
     })
     .await?;
     Ok(kept.is_some() && wanted)

@@ -8,7 +8,7 @@
 use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -29,7 +29,7 @@ use crate::volume::{VolumeMap, VolumeRestoreOptions, VolumeRestoreSummary};
 /// (or of reads, if more), or of gaps to zero (a gap counted as at most this much); one read
 /// or gap can take it over.
 const UNIT_BYTES: u64 = 16 << 20;
-/// Bytes written between two starts of the target's writeback (see [`Shared::written`]).
+/// Bytes written between two starts of the target's writeback (see [`wrote`]).
 const WRITEBACK_BYTES: u64 = 64 << 20;
 /// Granularity at which all-zero parts of a chunk are left unwritten on a zeroed target.
 const ZERO_BLOCK: usize = 4096;
@@ -65,12 +65,6 @@ struct Shared {
     failure: Mutex<Option<RepoError>>,
     work: Work,
     next: AtomicUsize,
-    /// Bytes written. Every [`WRITEBACK_BYTES`] the writer that crosses the mark starts the
-    /// target's writeback, so the disk writes
-    /// while the restore still fetches and decodes: the final fsync, which the restore waits
-    /// for, then has little left (left to the kernel, a restore smaller than its dirty-page
-    /// threshold, a tenth of the memory, would be written only by that fsync).
-    written: AtomicU64,
 }
 
 impl Shared {
@@ -187,7 +181,6 @@ async fn restore_volume_leased(
         failure: Mutex::new(None),
         work,
         next: AtomicUsize::new(0),
-        written: AtomicU64::new(0),
     });
     shared.progress.bytes_total.store(map.size, Ordering::Relaxed);
     let ticker = {
@@ -487,7 +480,6 @@ fn write_reads(shared: &Shared, range: Range<usize>) -> RepoResult<()> {
             }
             write_chunk(shared, &raw, *offset)?;
             wrote(shared, raw.len() as u64)?;
-            progress.bytes_read.fetch_add(raw.len() as u64, Ordering::Relaxed);
             progress.bytes_done.fetch_add(raw.len() as u64, Ordering::Relaxed);
         }
         Ok(())
@@ -525,13 +517,17 @@ fn write_chunk(shared: &Shared, raw: &[u8], offset: u64) -> RepoResult<()> {
     Ok(())
 }
 
-/// Counts `len` bytes written and starts the target's writeback every [`WRITEBACK_BYTES`].
+/// Counts `len` bytes written (`bytes_read` of the progress) and starts the target's
+/// writeback every [`WRITEBACK_BYTES`], so the disk writes while the restore still fetches and
+/// decodes: the final fsync, which the restore waits for, then has little left (left to the
+/// kernel, a restore smaller than its dirty-page threshold, a tenth of the memory, would be
+/// written only by that fsync).
 ///
 /// # Errors
 /// The writeback could not start for want of a working disk or of space (see
 /// [`crate::sys::start_writeback`]).
 fn wrote(shared: &Shared, len: u64) -> RepoResult<()> {
-    let before = shared.written.fetch_add(len, Ordering::Relaxed);
+    let before = shared.progress.bytes_read.fetch_add(len, Ordering::Relaxed);
     // One writer crosses each multiple.
     if before / WRITEBACK_BYTES != (before + len) / WRITEBACK_BYTES {
         use std::os::fd::AsFd;
