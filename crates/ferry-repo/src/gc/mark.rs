@@ -100,6 +100,7 @@ pub(crate) async fn run(
         report.repacked_packs = to_repack.len() as u64;
         report.repacked_blobs = copied.blobs;
         report.repack_written_bytes = copied.bytes;
+        report.repacked_whole_frames = copied.whole_frames;
         for n in &to_repack {
             condemned.push(packs[*n].id);
             report.condemned_bytes += packs[*n].size;

@@ -105,6 +105,8 @@ pub struct MarkReport {
     pub repacked_packs: u64,
     /// Blobs copied.
     pub repacked_blobs: u64,
+    /// Frames copied as they were stored, every blob of them live (not compressed again).
+    pub repacked_whole_frames: u64,
     /// Bytes of the new packs.
     pub repack_written_bytes: u64,
     /// Backups and restores the sweep must wait for.

@@ -5,17 +5,21 @@
 //! must be listed there at the place the index gives, with an id starting with the index's.
 //! Each blob is authenticated before it is copied (a damaged blob stops the collection
 //! rather than being spread), then copied sealed (its encryption binds only its id and kind,
-//! not its pack); the live blobs of a frame go into a new frame, the dead ones are left. The
-//! new packs are stored, then named by index files, all before the mark that condemns the
-//! old packs is written.
+//! not its pack). A frame whose blobs are all live is copied sealed too, as it was stored
+//! (nor does its encryption bind its place): it is opened only to check its blobs, never
+//! compressed again. The live blobs of a frame that also holds dead ones go into a new frame,
+//! in the old frame's order; the dead ones are left. The new packs are stored, then named by index files, all before
+//! the mark that condemns the old packs is written.
+
+use std::collections::HashMap;
 
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
-    BlobOpener, DEFAULT_DATA_LEVEL, FormatError, FrameBuilder, IndexPack, ObjectKind, PackBuilder,
-    PackEntry, SealedPack, read_pack_header,
+    BlobId, BlobOpener, DEFAULT_DATA_LEVEL, FormatError, Frame, FrameBuilder, IndexPack,
+    ObjectKind, PackBuilder, PackEntry, SealedPack, read_pack_header,
 };
 use crate::gc::lease::LeaseCheck;
 use crate::repo::capped::{self, Limit};
@@ -27,6 +31,8 @@ use crate::repo::{BlobLocation, Repository, ShortId, layout};
 pub(crate) struct Copied {
     pub(crate) blobs: u64,
     pub(crate) bytes: u64,
+    /// Frames copied as they were stored (all their blobs live).
+    pub(crate) whole_frames: u64,
 }
 
 /// Packs per index file written by repacking.
@@ -60,34 +66,67 @@ pub(crate) async fn run(
             .map_err(|err| RepoError::corrupt(format!("pack {key}"), err))?
             .entries;
         listed.sort_unstable_by_key(|e| e.offset);
-        for (short, loc) in &entries[i..end] {
-            let e = full_entry(&listed, short, loc)
-                .map_err(|err| RepoError::corrupt(format!("pack {key}"), err))?;
-            let (start, stop) = (e.offset as usize, e.offset as usize + e.length as usize);
-            let sealed = bytes.get(start..stop).ok_or_else(|| {
-                RepoError::corrupt(
-                    format!("pack {key}"),
-                    FormatError::Invalid {
-                        what: "pack",
-                        reason: format!("blob {} lies outside the pack", e.id),
-                    },
-                )
-            })?;
-            let opened = opener
-                .open(repo.keys(), &e.id, (e.kind, e.raw_length), (pack, e.offset), sealed)
-                .map_err(|err| {
-                    RepoError::corrupt(format!("{} {} in pack {key}", e.kind, e.id), err)
-                })?;
-            copied.blobs += 1;
-            if e.kind == ObjectKind::FramedData {
-                // Into a new frame: a frame is copied blob by blob, only its live ones.
-                frame.push(e.id, &opened);
-                if frame.is_full() {
-                    data.seal_frame(repo.keys(), DEFAULT_DATA_LEVEL, &mut frame, &mut plain);
+        // The index places every blob of a frame at the frame's offset: one group per object.
+        let mut j = i;
+        while j < end {
+            let offset = entries[j].1.offset;
+            let stop =
+                entries[j..end].iter().position(|(_, l)| l.offset != offset).map_or(end, |n| j + n);
+            let mut group = Vec::with_capacity(stop - j);
+            for (short, loc) in &entries[j..stop] {
+                group.push(
+                    full_entry(&listed, short, loc)
+                        .map_err(|err| RepoError::corrupt(format!("pack {key}"), err))?,
+                );
+            }
+            let sealed_of = |e: &PackEntry| {
+                sealed_bytes(&bytes, e)
+                    .map_err(|err| RepoError::corrupt(format!("pack {key}"), err))
+            };
+            let first = group[0];
+            let mut whole = false;
+            if first.kind == ObjectKind::FramedData {
+                let (opened, _) = opener
+                    .frame(repo.keys(), (pack, offset), sealed_of(&first)?)
+                    .map_err(|err| {
+                        RepoError::corrupt(
+                            format!("{} {} in pack {key}", first.kind, first.id),
+                            err,
+                        )
+                    })?;
+                whole = whole_frame(&listed, &group) && opened.len() == group.len();
+                if !whole {
+                    in_frame_order(&mut group, opened);
                 }
-            } else {
-                let builder = if e.kind == ObjectKind::TreeBlob { &mut tree } else { &mut data };
-                builder.push_sealed(e.id, e.kind, sealed, e.raw_length as usize);
+            }
+            let mut kept = Vec::new();
+            for e in &group {
+                let sealed = sealed_of(e)?;
+                let opened = opener
+                    .open(repo.keys(), &e.id, (e.kind, e.raw_length), (pack, e.offset), sealed)
+                    .map_err(|err| {
+                        RepoError::corrupt(format!("{} {} in pack {key}", e.kind, e.id), err)
+                    })?;
+                copied.blobs += 1;
+                if whole {
+                    kept.push((e.id, e.raw_length));
+                } else if e.kind == ObjectKind::FramedData {
+                    // Into a new frame: only the frame's live blobs.
+                    frame.push(e.id, &opened);
+                    if frame.is_full() {
+                        data.seal_frame(repo.keys(), DEFAULT_DATA_LEVEL, &mut frame, &mut plain);
+                    }
+                } else {
+                    let builder =
+                        if e.kind == ObjectKind::TreeBlob { &mut tree } else { &mut data };
+                    builder.push_sealed(e.id, e.kind, sealed, e.raw_length as usize);
+                }
+            }
+            if whole {
+                // Every blob of the frame is live and checked, and the frame holds no other:
+                // the same sealed bytes serve in the new pack.
+                data.push_frame(sealed_of(&first)?, &kept);
+                copied.whole_frames += 1;
             }
             for builder in [&mut data, &mut tree] {
                 if builder.filled() >= target {
@@ -95,6 +134,7 @@ pub(crate) async fn run(
                     stored.push(store(repo, full, &mut copied, cancel).await?);
                 }
             }
+            j = stop;
         }
         let blobs: usize = stored.iter().map(|p| p.entries.len()).sum();
         if stored.len() >= PACKS_PER_INDEX || blobs >= CHECKPOINT_BLOBS {
@@ -116,6 +156,47 @@ pub(crate) async fn run(
         write_index(repo, stored, cancel).await?;
     }
     Ok(copied)
+}
+
+/// The sealed bytes of the object `e` locates in `pack`.
+fn sealed_bytes<'a>(pack: &'a [u8], e: &PackEntry) -> Result<&'a [u8], FormatError> {
+    let (start, stop) = (e.offset as usize, e.offset as usize + e.length as usize);
+    pack.get(start..stop).ok_or_else(|| FormatError::Invalid {
+        what: "pack",
+        reason: format!("blob {} lies outside the pack", e.id),
+    })
+}
+
+/// Whether `group` (the live blobs at one offset, as the pack's header lists them; sorted
+/// `listed` is the whole header) is every blob the header lists in that frame, each once.
+fn whole_frame(listed: &[PackEntry], group: &[PackEntry]) -> bool {
+    let Some(first) = group.first().filter(|e| e.kind == ObjectKind::FramedData) else {
+        return false;
+    };
+    let start = listed.partition_point(|e| e.offset < first.offset);
+    let in_frame = listed[start..].iter().take_while(|e| e.offset == first.offset).count();
+    let mut ids: Vec<&BlobId> = group.iter().map(|e| &e.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    group.iter().all(|e| e.kind == ObjectKind::FramedData && e.length == first.length)
+        && ids.len() == group.len()
+        && group.len() == in_frame
+}
+
+/// Sorts `group` (live blobs of one frame) into the frame's own order: a rebuilt frame then
+/// keeps neighbours together as the backup wrote them (the index yields them in hash order,
+/// which compresses worse).
+fn in_frame_order(group: &mut [PackEntry], frame: &Frame) {
+    if group.len() < 2 {
+        return;
+    }
+    let order: HashMap<([u8; 8], usize), usize> =
+        frame.blobs().enumerate().map(|(n, (prefix, bytes))| ((prefix, bytes.len()), n)).collect();
+    group.sort_by_key(|e| {
+        let mut prefix = [0u8; 8];
+        prefix.copy_from_slice(&e.id.0[..8]);
+        order.get(&(prefix, e.raw_length as usize)).copied().unwrap_or(usize::MAX)
+    });
 }
 
 /// The entry of a pack's header (`listed`, sorted by offset) for the blob the index places
@@ -175,6 +256,7 @@ pub(super) async fn put_pack(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use std::sync::Arc;
 
@@ -256,6 +338,168 @@ mod tests {
             err.as_ref().is_some_and(|(m, corrupt)| *corrupt && m.contains("does not list")),
             "{err:?}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_frame_is_whole_when_its_live_blobs_are_every_blob_the_header_lists_there() {
+        let framed = |id: u8, offset: u32| PackEntry {
+            kind: ObjectKind::FramedData,
+            length: 100,
+            ..entry(id, offset)
+        };
+        let listed = vec![entry(9, 0), framed(1, 10), framed(2, 10), framed(3, 10), framed(4, 110)];
+        let frame = &listed[1..4];
+        assert!(whole_frame(&listed, frame));
+        assert!(!whole_frame(&listed, &frame[..2]), "a dead blob left in it");
+        assert!(!whole_frame(&listed, &[frame[0], frame[1], frame[1]]), "a blob twice");
+        assert!(whole_frame(&listed, &listed[4..]), "a frame of one blob");
+        assert!(!whole_frame(&listed, &listed[..1]), "not a frame");
+        assert!(!whole_frame(&listed, &[]));
+    }
+
+    /// Repacks a pack holding one frame of `held` blobs whose header lists only the first
+    /// `listed`, all of those live.
+    async fn repack_frame_listing(held: usize, listed: usize) -> RepoResult<Copied> {
+        let cancel = CancellationToken::new();
+        let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+        let (repo, _) = Repository::init(store, b"pw", &fast_options(), &cancel).await?;
+        let mut frame = FrameBuilder::default();
+        for n in 0..held {
+            let bytes = vec![n as u8; 100 + n];
+            frame.push(repo.keys().blob_id(&bytes), &bytes);
+        }
+        let (mut plain, mut sealed) = (Vec::new(), Vec::new());
+        let blobs = frame.seal_into(repo.keys(), 3, &mut plain, &mut sealed);
+        let mut builder = PackBuilder::new();
+        builder.push_frame(&sealed, &blobs[..listed]);
+        let packed = builder.finish(&repo.keys().cipher, repo.config().format);
+        let pack = put_pack(&repo, packed, "test", &cancel).await?;
+        let places: Vec<_> = pack
+            .entries
+            .iter()
+            .map(|e| {
+                let loc = BlobLocation {
+                    pack: pack.id,
+                    offset: e.offset,
+                    length: e.length,
+                    raw_length: e.raw_length,
+                    kind: e.kind,
+                };
+                (ShortId::of(&e.id), loc)
+            })
+            .collect();
+        let lock = GcLock::acquire(&repo, &GcOptions::default(), &cancel).await?;
+        let copied = run(&repo, places, &lock.0.checker(), &cancel).await;
+        lock.0.release().await;
+        copied
+    }
+
+    /// A frame whose table holds a blob its pack's header does not list is rebuilt of the
+    /// listed blobs, not copied with an unindexed blob in it.
+    #[tokio::test]
+    async fn a_frame_holding_a_blob_its_header_does_not_list_is_rebuilt() -> RepoResult<()> {
+        let copied = repack_frame_listing(3, 2).await?;
+        assert_eq!((copied.blobs, copied.whole_frames), (2, 0));
+        let copied = repack_frame_listing(3, 3).await?;
+        assert_eq!((copied.blobs, copied.whole_frames), (3, 1), "the same frame, all listed");
+        Ok(())
+    }
+
+    /// The sealed bytes of the object `e` locates, read from the store.
+    async fn stored_object(repo: &Repository, pack: &PackId, e: &PackEntry) -> Vec<u8> {
+        let key = layout::pack(pack).unwrap();
+        let bytes = repo.store().get(&key, &CancellationToken::new()).await.unwrap();
+        sealed_bytes(&bytes, e).unwrap().to_vec()
+    }
+
+    /// A frame whose blobs are all live is copied as it was stored (the same sealed bytes:
+    /// its nonce is random, so a frame sealed again could not match); a frame also holding
+    /// dead blobs gives its live ones to a new frame. Both read back checked.
+    #[tokio::test]
+    async fn a_frame_of_live_blobs_only_is_copied_as_stored() -> RepoResult<()> {
+        let cancel = CancellationToken::new();
+        let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+        let (repo, _) = Repository::init(store, b"pw", &fast_options(), &cancel).await?;
+        assert!(repo.config().format.frames());
+        // 6 KiB blobs of noise: about 170 fill a frame, so these make two.
+        let blobs: Vec<Vec<u8>> =
+            (0..240).map(|_| (0..6 << 10).map(|_| rand::random::<u8>()).collect()).collect();
+        let ids = write_blobs(&repo, blobs).await?;
+        let index = repo.index(&cancel).await?;
+        let mut frames: std::collections::BTreeMap<(PackId, u32), Vec<(BlobId, BlobLocation)>> =
+            std::collections::BTreeMap::new();
+        for id in &ids {
+            let loc = index.lookup(id).unwrap();
+            assert_eq!(loc.kind, ObjectKind::FramedData);
+            frames.entry((loc.pack, loc.offset)).or_default().push((*id, loc));
+        }
+        assert_eq!(frames.len(), 2, "two frames");
+        let mut frames: Vec<_> = frames.into_values().collect();
+        frames.sort_by_key(|f| std::cmp::Reverse(f.len()));
+        let (whole, halved) = (&frames[0], &frames[1]);
+        // All of the first frame, every other blob of the second.
+        let mut places: Vec<(ShortId, BlobLocation)> = whole
+            .iter()
+            .chain(halved.iter().step_by(2))
+            .map(|(id, loc)| (ShortId::of(id), *loc))
+            .collect();
+        // The index yields a frame's blobs in hash order, not the frame's: here, reversed.
+        places.reverse();
+        places.sort_by(|a, b| a.1.pack.cmp(&b.1.pack).then(a.1.offset.cmp(&b.1.offset)));
+        let before: Vec<_> = repo.store().list(layout::DATA, &cancel).await.unwrap();
+        let lock = GcLock::acquire(&repo, &GcOptions::default(), &cancel).await?;
+        let copied = run(&repo, places.clone(), &lock.0.checker(), &cancel).await;
+        lock.0.release().await;
+        let copied = copied?;
+        assert_eq!((copied.blobs, copied.whole_frames), (places.len() as u64, 1));
+
+        // Where the new packs put each blob, from their headers.
+        let mut new_places = std::collections::HashMap::new();
+        for meta in repo.store().list(layout::DATA, &cancel).await.unwrap() {
+            if before.iter().any(|m| m.key == meta.key) {
+                continue;
+            }
+            let pack = PackId(layout::id_of(&meta.key).unwrap());
+            let bytes = repo.store().get(&meta.key, &cancel).await.unwrap();
+            for e in read_pack_header(&repo.keys().cipher, &bytes).unwrap().entries {
+                assert!(new_places.insert(e.id, (pack, e)).is_none(), "each blob copied once");
+            }
+        }
+        assert_eq!(new_places.len(), places.len(), "the live blobs and no other");
+        let stored = |loc: &BlobLocation| PackEntry {
+            id: BlobId([0; 32]),
+            kind: loc.kind,
+            offset: loc.offset,
+            length: loc.length,
+            raw_length: loc.raw_length,
+        };
+        let old_whole = stored_object(&repo, &whole[0].1.pack, &stored(&whole[0].1)).await;
+        let old_halved = stored_object(&repo, &halved[0].1.pack, &stored(&halved[0].1)).await;
+        let mut opener = BlobOpener::default();
+        for (n, (id, loc)) in whole.iter().chain(halved.iter().step_by(2)).enumerate() {
+            let (pack, e) = new_places[id];
+            let sealed = stored_object(&repo, &pack, &e).await;
+            if n < whole.len() {
+                assert_eq!(sealed, old_whole, "the whole frame's bytes, unchanged");
+            } else {
+                assert_ne!(sealed, old_halved, "a new frame");
+                assert!(sealed.len() < old_halved.len() * 2 / 3, "of half the blobs");
+            }
+            if n == whole.len() {
+                // The rebuilt frame keeps the old one's order.
+                let rebuilt = Frame::open(repo.keys(), &sealed).unwrap();
+                let old = Frame::open(repo.keys(), &old_halved).unwrap();
+                let old_order: Vec<[u8; 8]> = old.blobs().map(|(p, _)| p).collect();
+                let live: Vec<[u8; 8]> = rebuilt.blobs().map(|(p, _)| p).collect();
+                let kept: Vec<[u8; 8]> = old_order.iter().copied().step_by(2).collect();
+                assert_eq!(live, kept, "the live blobs, in the old frame's order");
+            }
+            let raw =
+                opener.open(repo.keys(), id, (e.kind, e.raw_length), (pack, e.offset), &sealed);
+            assert_eq!(repo.keys().blob_id(&raw.unwrap()), *id);
+            assert_eq!(e.raw_length, loc.raw_length);
+        }
         Ok(())
     }
 }
