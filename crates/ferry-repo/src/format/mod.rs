@@ -37,6 +37,7 @@ pub use pack::{
 };
 pub use prf_cut::{PrfCut, WINDOW as PRF_CUT_WINDOW};
 pub use snapshot::{Snapshot, SnapshotKind, Summary};
+pub(crate) use tree::PlacedCursor;
 pub use tree::{
     ChunkRef, Extent, FileContent, Metadata, Node, NodeBody, Timestamp, TreePage, Xattr,
     validate_name,

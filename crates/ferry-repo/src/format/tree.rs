@@ -65,6 +65,17 @@ pub struct Extent {
     pub len: u64,
 }
 
+/// Where a walk of a content's placed chunks stands ([`FileContent::placed_next`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PlacedCursor {
+    /// The extent the next chunk lies in.
+    extent: usize,
+    /// The next chunk's offset (`None`: the extent's start).
+    pos: Option<u64>,
+    /// The next chunk's place in the content's list.
+    chunk: usize,
+}
+
 /// The content of a regular file or a volume.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileContent {
@@ -91,16 +102,37 @@ impl FileContent {
     /// Each chunk with its file offset, in order.
     #[must_use]
     pub fn placed_chunks(&self) -> Vec<(u64, ChunkRef)> {
-        let mut out = Vec::with_capacity(self.chunks.len());
-        let mut chunks = self.chunks.iter();
-        for extent in self.data_extents() {
-            let mut pos = extent.offset;
-            let end = extent.offset + extent.len;
-            while pos < end {
-                let Some(c) = chunks.next() else { return out };
-                out.push((pos, *c));
-                pos += u64::from(c.len);
+        self.placed_next(&mut PlacedCursor::default(), usize::MAX)
+    }
+
+    /// The next chunks (at most `max`) with their file offsets, in order, from where `cursor`
+    /// stands; moves it past them. Successive calls give [`FileContent::placed_chunks`] a part
+    /// at a time.
+    #[must_use]
+    pub(crate) fn placed_next(
+        &self,
+        cursor: &mut PlacedCursor,
+        max: usize,
+    ) -> Vec<(u64, ChunkRef)> {
+        let dense = [Extent { offset: 0, len: self.size }];
+        let extents: &[Extent] = match &self.extents {
+            Some(e) => e,
+            None if self.size > 0 => &dense,
+            None => &[],
+        };
+        let left = self.chunks.len().saturating_sub(cursor.chunk);
+        let mut out = Vec::with_capacity(max.min(left));
+        while out.len() < max {
+            let Some(extent) = extents.get(cursor.extent) else { break };
+            let pos = cursor.pos.unwrap_or(extent.offset);
+            if pos >= extent.offset.saturating_add(extent.len) {
+                (cursor.extent, cursor.pos) = (cursor.extent + 1, None);
+                continue;
             }
+            let Some(c) = self.chunks.get(cursor.chunk) else { break };
+            out.push((pos, *c));
+            cursor.chunk += 1;
+            cursor.pos = Some(pos.saturating_add(u64::from(c.len)));
         }
         out
     }
@@ -349,6 +381,48 @@ pub(crate) mod tests {
         )
     }
 
+    /// Contents of several extents whose chunks (some empty) tile them, or cover less or
+    /// more than they hold.
+    fn extents_content() -> impl Strategy<Value = FileContent> {
+        let extent = (0u64..3000, proptest::collection::vec(0u32..3000, 0..4));
+        (proptest::collection::vec(extent, 0..5), 0usize..3, any::<bool>()).prop_map(
+            |(extents, extra, fewer)| {
+                let (mut pos, mut out, mut chunks) = (0u64, Vec::new(), Vec::new());
+                for (n, (gap, lens)) in extents.into_iter().enumerate() {
+                    let len: u64 = lens.iter().map(|l| u64::from(*l)).sum();
+                    out.push(Extent { offset: pos + gap, len });
+                    pos += gap + len;
+                    let id = |i: usize| BlobId([(n * 16 + i) as u8; 32]);
+                    chunks.extend(
+                        lens.iter().enumerate().map(|(i, &len)| ChunkRef { id: id(i), len }),
+                    );
+                }
+                chunks.extend(
+                    (0..extra).map(|i| ChunkRef { id: BlobId([200 + i as u8; 32]), len: 7 }),
+                );
+                if fewer {
+                    chunks.truncate(chunks.len() / 2);
+                }
+                FileContent { size: pos + 100, extents: Some(out), chunks }
+            },
+        )
+    }
+
+    /// The chunks with their offsets, as the walk before the cursor placed them.
+    fn placed_reference(c: &FileContent) -> Vec<(u64, ChunkRef)> {
+        let mut out = Vec::new();
+        let mut chunks = c.chunks.iter();
+        for extent in c.data_extents() {
+            let mut pos = extent.offset;
+            while pos < extent.offset + extent.len {
+                let Some(chunk) = chunks.next() else { return out };
+                out.push((pos, *chunk));
+                pos += u64::from(chunk.len);
+            }
+        }
+        out
+    }
+
     pub(crate) fn body() -> impl Strategy<Value = NodeBody> {
         prop_oneof![
             content().prop_map(NodeBody::File),
@@ -402,6 +476,23 @@ pub(crate) mod tests {
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
             let _ = TreePage::decode(&bytes);
+        }
+
+        #[test]
+        fn placed_chunks_come_the_same_a_part_at_a_time(
+            c in prop_oneof![content(), extents_content()],
+            part in 1usize..5,
+        ) {
+            let mut cursor = PlacedCursor::default();
+            let mut parts = Vec::new();
+            for _ in 0..=c.chunks.len() {
+                let next = c.placed_next(&mut cursor, part);
+                prop_assert!(next.len() <= part);
+                parts.extend(next);
+            }
+            prop_assert_eq!(&parts, &placed_reference(&c));
+            prop_assert_eq!(parts, c.placed_chunks());
+            prop_assert!(c.placed_next(&mut cursor, part).is_empty());
         }
 
         #[test]

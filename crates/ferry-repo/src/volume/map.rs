@@ -1,7 +1,7 @@
 //! The layout of a volume snapshot, checked before anything is written: where each chunk goes
 //! and which ranges are unallocated or zero.
 
-use crate::format::{ChunkRef, FormatError, NodeBody, Snapshot, SnapshotKind};
+use crate::format::{ChunkRef, FileContent, FormatError, NodeBody, Snapshot, SnapshotKind};
 
 /// Largest chunk a volume snapshot may reference (bounds a restore worker's buffer).
 pub const MAX_VOLUME_CHUNK: u32 = 16 << 20;
@@ -40,33 +40,10 @@ impl VolumeMap {
     /// [`FormatError::Invalid`] when the snapshot is not a volume snapshot, or its chunks do
     /// not tile its extents, lie outside its size or exceed [`MAX_VOLUME_CHUNK`].
     pub fn from_snapshot(snapshot: &Snapshot) -> Result<Self, FormatError> {
-        let kind = snapshot.kind()?;
-        let NodeBody::Volume { content, block_size } = &snapshot.root.body else {
-            return Err(invalid(format!("this is a {kind} snapshot, not a volume snapshot")));
-        };
-        debug_assert_eq!(kind, SnapshotKind::Volume);
-        if !block_size.is_power_of_two() || !(512..=65536).contains(block_size) {
-            return Err(invalid(format!(
-                "block size {block_size} is not a power of two in 512..=64Ki"
-            )));
-        }
-        content.validate().map_err(invalid)?;
+        let (content, block_size) = volume_of(snapshot)?;
+        let gaps = checked_gaps(content, block_size)?;
         let chunks = content.placed_chunks();
-        let mut gaps = Vec::new();
-        let mut pos = 0u64;
-        for extent in content.data_extents() {
-            if extent.offset > pos {
-                gaps.push((pos, extent.offset - pos));
-            }
-            pos = extent.offset + extent.len;
-        }
-        if content.size > pos {
-            gaps.push((pos, content.size - pos));
-        }
-        if let Some((_, c)) = chunks.iter().find(|(_, c)| c.len > MAX_VOLUME_CHUNK) {
-            return Err(invalid(format!("chunk of {} bytes exceeds {MAX_VOLUME_CHUNK}", c.len)));
-        }
-        Ok(Self { size: content.size, block_size: *block_size, chunks, gaps })
+        Ok(Self { size: content.size, block_size, chunks, gaps })
     }
 
     /// Bytes held by chunks (the rest of the volume reads as zeros).
@@ -74,6 +51,72 @@ impl VolumeMap {
     pub fn data_bytes(&self) -> u64 {
         self.chunks.iter().map(|(_, c)| u64::from(c.len)).sum()
     }
+}
+
+/// A checked volume snapshot's content, its chunks not yet placed: what a restore walks a
+/// part at a time ([`FileContent::placed_next`]), holding each chunk once (36 bytes) where a
+/// [`VolumeMap`] holds it with its offset (48).
+#[derive(Debug)]
+pub(crate) struct VolumeContent {
+    /// The volume's size, extents and chunks.
+    pub content: FileContent,
+    /// As [`VolumeMap::gaps`].
+    pub gaps: Vec<(u64, u64)>,
+}
+
+impl VolumeContent {
+    /// The content of a volume snapshot, checked as [`VolumeMap::from_snapshot`] checks it;
+    /// the rest of the snapshot is dropped.
+    ///
+    /// # Errors
+    /// As [`VolumeMap::from_snapshot`].
+    pub(crate) fn from_snapshot(snapshot: Snapshot) -> Result<Self, FormatError> {
+        let kind = snapshot.kind()?;
+        let NodeBody::Volume { content, block_size } = snapshot.root.body else {
+            return Err(not_a_volume(kind));
+        };
+        let gaps = checked_gaps(&content, block_size)?;
+        Ok(Self { content, gaps })
+    }
+}
+
+/// A volume snapshot's content and block size.
+fn volume_of(snapshot: &Snapshot) -> Result<(&FileContent, u32), FormatError> {
+    let kind = snapshot.kind()?;
+    let NodeBody::Volume { content, block_size } = &snapshot.root.body else {
+        return Err(not_a_volume(kind));
+    };
+    debug_assert_eq!(kind, SnapshotKind::Volume);
+    Ok((content, *block_size))
+}
+
+fn not_a_volume(kind: SnapshotKind) -> FormatError {
+    invalid(format!("this is a {kind} snapshot, not a volume snapshot"))
+}
+
+/// Checks a volume's block size and content; returns the ranges its extents leave out.
+fn checked_gaps(content: &FileContent, block_size: u32) -> Result<Vec<(u64, u64)>, FormatError> {
+    if !block_size.is_power_of_two() || !(512..=65536).contains(&block_size) {
+        return Err(invalid(format!(
+            "block size {block_size} is not a power of two in 512..=64Ki"
+        )));
+    }
+    content.validate().map_err(invalid)?;
+    if let Some(c) = content.chunks.iter().find(|c| c.len > MAX_VOLUME_CHUNK) {
+        return Err(invalid(format!("chunk of {} bytes exceeds {MAX_VOLUME_CHUNK}", c.len)));
+    }
+    let mut gaps = Vec::new();
+    let mut pos = 0u64;
+    for extent in content.data_extents() {
+        if extent.offset > pos {
+            gaps.push((pos, extent.offset - pos));
+        }
+        pos = extent.offset + extent.len;
+    }
+    if content.size > pos {
+        gaps.push((pos, content.size - pos));
+    }
+    Ok(gaps)
 }
 
 #[cfg(test)]
@@ -125,6 +168,15 @@ mod tests {
         assert_eq!(map.gaps, vec![(0, 10), (20, 20), (60, 40)]);
         assert_eq!(map.chunks.iter().map(|(o, _)| *o).collect::<Vec<_>>(), vec![10, 15, 40]);
         assert_eq!(map.data_bytes(), 30);
+        // The restore's form: the same gaps, and the same chunks a window at a time.
+        let kept = VolumeContent::from_snapshot(s)?;
+        assert_eq!(kept.gaps, map.gaps);
+        let mut cursor = crate::format::PlacedCursor::default();
+        let mut placed = Vec::new();
+        for _ in 0..4 {
+            placed.extend(kept.content.placed_next(&mut cursor, 2));
+        }
+        assert_eq!(placed, map.chunks);
         Ok(())
     }
 
@@ -133,13 +185,17 @@ mod tests {
         let tree = snapshot(NodeBody::Dir { pages: vec![] });
         let e = VolumeMap::from_snapshot(&tree).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("tree snapshot"), "{e}");
+        let e = VolumeContent::from_snapshot(tree).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|e| e.contains("tree snapshot")));
         // An extent past the size, a chunk longer than its extent, a huge chunk.
         for body in [volume(10, &[(5, &[10])]), volume(1 << 40, &[(0, &[(16 << 20) + 2])])] {
-            assert!(VolumeMap::from_snapshot(&snapshot(body)).is_err());
+            assert!(VolumeMap::from_snapshot(&snapshot(body.clone())).is_err());
+            assert!(VolumeContent::from_snapshot(snapshot(body)).is_err());
         }
         let NodeBody::Volume { content, .. } = volume(100, &[(0, &[10])]) else { return };
         let odd = NodeBody::Volume { content, block_size: 1000 };
-        assert!(VolumeMap::from_snapshot(&snapshot(odd)).is_err());
+        assert!(VolumeMap::from_snapshot(&snapshot(odd.clone())).is_err());
+        assert!(VolumeContent::from_snapshot(snapshot(odd)).is_err());
     }
 
     proptest! {

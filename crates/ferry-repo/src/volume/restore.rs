@@ -1,9 +1,13 @@
 //! Volume restore: check the target's size and find every chunk in the index, then writer
 //! threads zero the gaps (or skip them when the target is known to read as zeros) and take
 //! the pack reads in turn: the chunks are grouped by pack, not by device offset, so each
-//! stored byte is downloaded at most once, in few large ranged reads, whichever device ranges
-//! its chunks go to (a frame of short chunks from all over the volume is opened once); each
-//! chunk is verified and written in place; fsync last.
+//! stored byte is downloaded at most once a window (below), in few large ranged reads,
+//! whichever device ranges its chunks go to (a frame of short chunks from all over the volume
+//! is opened once); each chunk is verified and written in place; fsync last. A volume of more
+//! than [`WINDOW_CHUNKS`] chunks is planned and written that many chunks at a time (its
+//! windows, the next planned while one is written), so the plan's memory stays bounded however
+//! large the volume: beside the snapshot's list of the chunks (36 bytes each), two windows'
+//! plans.
 
 use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
@@ -16,14 +20,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
-    BlobOpener, ChunkRef, FormatError, ObjectKind, PackId, SnapshotId, SnapshotKind,
+    BlobOpener, ChunkRef, FileContent, FormatError, ObjectKind, PackId, PlacedCursor, SnapshotId,
+    SnapshotKind,
 };
 use crate::pack_reads::{self, PackRead, Span};
 use crate::place::Place;
 use crate::progress::{Counters, ProgressFn, Ticker};
-use crate::repo::{MemIndex, Repository};
+use crate::repo::{BlobLocation, MemIndex, Repository};
 use crate::volume::device::{DeviceKind, Volume, is_zero};
-use crate::volume::{VolumeMap, VolumeRestoreOptions, VolumeRestoreSummary};
+use crate::volume::map::VolumeContent;
+use crate::volume::{VolumeRestoreOptions, VolumeRestoreSummary};
 
 /// Bytes a writer takes at once, about: a unit closes once it reaches this, of chunks to write
 /// (or of reads, if more), or of gaps to zero (a gap counted as at most this much); one read
@@ -33,6 +39,12 @@ const UNIT_BYTES: u64 = 16 << 20;
 const WRITEBACK_BYTES: u64 = 64 << 20;
 /// Granularity at which all-zero parts of a chunk are left unwritten on a zeroed target.
 const ZERO_BLOCK: usize = 4096;
+/// Chunks planned and written at once: 256 Ki chunks, 64 GiB of a volume in the default
+/// 256 KiB chunks, a plan of 18 MiB (72 bytes a chunk: its offset and id, 48, and its
+/// [`Want`], 24). A window reads only its own chunks' bytes, so a pack whose chunks lie in two
+/// windows is read in two ranged reads where one would do (and a frame holding chunks of both
+/// is fetched twice).
+const WINDOW_CHUNKS: usize = 256 << 10;
 
 /// What a writer takes: gaps to zero, or consecutive pack reads.
 #[derive(Debug)]
@@ -41,17 +53,20 @@ enum Unit {
     Reads(Range<usize>),
 }
 
-/// The whole restore's work, planned before the target is touched.
+/// One window's work, planned before it is written.
 struct Work {
-    /// The volume map's chunks with their device offsets: the restore's only copy of the ids.
+    /// The window's chunks with their device offsets.
     chunks: Vec<(u64, ChunkRef)>,
+    /// The gaps (all of them in the first window, none in the others).
     gaps: Vec<(u64, u64)>,
     /// The packs the chunks lie in, each once.
     packs: Vec<PackId>,
-    /// Every chunk with its place in the repository, sorted by pack and offset.
+    /// Every chunk of the window with its place in the repository, sorted by pack and offset.
     wants: Vec<Want>,
     reads: Vec<PackRead>,
     units: Vec<Unit>,
+    /// The next unit a writer takes.
+    next: AtomicUsize,
 }
 
 struct Shared {
@@ -63,8 +78,6 @@ struct Shared {
     zeroed: bool,
     progress: Counters,
     failure: Mutex<Option<RepoError>>,
-    work: Work,
-    next: AtomicUsize,
 }
 
 impl Shared {
@@ -127,20 +140,24 @@ pub async fn restore_volume_at(
         cancel,
     )
     .await?;
-    let result = restore_volume_leased(repo, id, target, options, progress, cancel).await;
+    let result =
+        restore_volume_leased(repo, id, target, options, progress, WINDOW_CHUNKS, cancel).await;
     lease.release().await;
     result
 }
 
+/// [`restore_volume_at`] under its lease, `window` chunks at a time.
 async fn restore_volume_leased(
     repo: &Repository,
     id: &SnapshotId,
     place: Place<'_>,
     options: &VolumeRestoreOptions,
     progress: Option<ProgressFn>,
+    window: usize,
     cancel: &CancellationToken,
 ) -> RepoResult<VolumeRestoreSummary> {
     let started = Instant::now();
+    let window = window.max(1);
     let snapshot = repo.load_snapshot(id, cancel).await?;
     let object = || format!("snapshot {id}");
     let kind = snapshot.kind().map_err(|e| RepoError::corrupt(object(), e))?;
@@ -151,24 +168,35 @@ async fn restore_volume_leased(
             expected: SnapshotKind::Volume,
         });
     }
-    let map = VolumeMap::from_snapshot(&snapshot).map_err(|e| RepoError::corrupt(object(), e))?;
-    // The map holds all the restore needs; the decoded snapshot's own list of the chunks
-    // (36 bytes each) is not kept beside it.
-    drop(snapshot);
+    // The restore keeps the snapshot's list of the chunks (36 bytes each) and places a window
+    // of them at a time (two at once: one written, the next planned); the rest of the decoded
+    // snapshot is dropped.
+    let VolumeContent { content, gaps } =
+        VolumeContent::from_snapshot(snapshot).map_err(|e| RepoError::corrupt(object(), e))?;
+    let size = content.size;
     let index = repo.refresh_index(cancel).await?;
-    // A chunk missing from the index fails the restore before the target is touched.
     let threads = super::threads(options.threads);
-    let (chunks, gaps) = (map.chunks, map.gaps);
-    let work =
-        tokio::task::spawn_blocking(move || plan(chunks, gaps, &index, threads)).await.map_err(
-            |e| RepoError::Internal { what: "volume restore plan", reason: e.to_string() },
-        )??;
+    // Every chunk found in the index before the target is touched; the first window planned.
+    let content = Arc::new(content);
+    let first = {
+        let (content, index) = (Arc::clone(&content), Arc::clone(&index));
+        tokio::task::spawn_blocking(move || -> RepoResult<(Work, PlacedCursor)> {
+            if content.chunks.len() > window {
+                check_all(&content, &index, window)?;
+            }
+            let mut cursor = PlacedCursor::default();
+            let chunks = content.placed_next(&mut cursor, window);
+            Ok((plan(chunks, gaps, &index, threads)?, cursor))
+        })
+        .await
+        .map_err(|e| RepoError::Internal { what: "volume restore plan", reason: e.to_string() })??
+    };
     if cancel.is_cancelled() {
         return Err(RepoError::Cancelled);
     }
     let target = place.path();
-    let (volume, created, zeroed) = open_target(place, map.size, options.target_zeroed)?;
-    let target_size = volume.size.max(map.size);
+    let (volume, created, zeroed) = open_target(place, size, options.target_zeroed)?;
+    let target_size = volume.size.max(size);
     let stop = cancel.child_token();
     let shared = Arc::new(Shared {
         repo: repo.clone(),
@@ -179,19 +207,44 @@ async fn restore_volume_leased(
         zeroed,
         progress: Counters::default(),
         failure: Mutex::new(None),
-        work,
-        next: AtomicUsize::new(0),
     });
-    shared.progress.bytes_total.store(map.size, Ordering::Relaxed);
+    shared.progress.bytes_total.store(size, Ordering::Relaxed);
     let ticker = {
         let shared = Arc::clone(&shared);
         Ticker::start(progress.clone(), move || shared.progress.snapshot(0, false))
     };
     let ran = {
         let shared = Arc::clone(&shared);
-        tokio::task::spawn_blocking(move || run_writers(&shared, threads))
-            .await
-            .map_err(|e| RepoError::Internal { what: "volume writers", reason: e.to_string() })
+        tokio::task::spawn_blocking(move || {
+            let (mut work, mut cursor) = first;
+            loop {
+                // The next window is planned while this one is written.
+                let (ran, next) = std::thread::scope(|scope| {
+                    let next = scope.spawn(|| {
+                        let chunks = content.placed_next(&mut cursor, window);
+                        let more = !chunks.is_empty();
+                        more.then(|| plan(chunks, Vec::new(), &index, threads)).transpose()
+                    });
+                    (run_writers(&shared, &work, threads), next.join())
+                });
+                ran?;
+                let next = next.map_err(|_| RepoError::Internal {
+                    what: "volume restore plan",
+                    reason: "panicked".into(),
+                })??;
+                match next {
+                    Some(next) => work = next,
+                    None => break,
+                }
+            }
+            shared
+                .target
+                .file
+                .sync_all()
+                .map_err(|e| RepoError::io("flush (fsync) restore target", &shared.path, e))
+        })
+        .await
+        .map_err(|e| RepoError::Internal { what: "volume writers", reason: e.to_string() })
     };
     drop(ticker);
     if cancel.is_cancelled() {
@@ -205,7 +258,7 @@ async fn restore_volume_leased(
         f(&shared.progress.snapshot(0, true));
     }
     Ok(VolumeRestoreSummary {
-        size: map.size,
+        size,
         target_size,
         bytes_written: shared.progress.bytes_read.load(Ordering::Relaxed),
         bytes_zero: shared.progress.bytes_skipped.load(Ordering::Relaxed),
@@ -260,9 +313,9 @@ fn open_target(place: Place<'_>, size: u64, zeroed: bool) -> RepoResult<(Volume,
     }
 }
 
-/// Finds every chunk in the index and groups them into pack reads (each stored byte read at
-/// most once), and the reads and gaps into units for `threads` writers, the gap units spread
-/// among the read units (progress then moves as the device is covered).
+/// Finds every chunk of a window in the index and groups them into pack reads (each stored
+/// byte read at most once), and the reads and gaps into units for `threads` writers, the gap
+/// units spread among the read units (progress then moves as the device is covered).
 fn plan(
     chunks: Vec<(u64, ChunkRef)>,
     gaps: Vec<(u64, u64)>,
@@ -273,23 +326,14 @@ fn plan(
     // chunk's and a pack's numbers must fit their 32 bits.
     let too_many = || RepoError::InvalidInput {
         what: "volume snapshot",
-        reason: format!("{} chunks; a volume restores at most 2^32", chunks.len()),
+        reason: format!("{} chunks in a window; at most 2^32", chunks.len()),
     };
     let mut wants = Vec::with_capacity(chunks.len());
     let mut packs = Vec::new();
     let mut numbers = std::collections::HashMap::new();
     let mut raw_total = 0u64;
     for (n, (offset, chunk)) in chunks.iter().enumerate() {
-        let loc = index.lookup(&chunk.id).ok_or_else(|| RepoError::MissingBlob {
-            id: chunk.id,
-            referrer: format!("volume offset {offset}"),
-        })?;
-        if !loc.kind.is_data() {
-            return Err(RepoError::corrupt(
-                format!("{} {} referenced as volume data", loc.kind, chunk.id),
-                FormatError::WrongKind { expected: ObjectKind::DataBlob, found: loc.kind },
-            ));
-        }
+        let loc = locate(index, *offset, chunk)?;
         raw_total += u64::from(chunk.len);
         let pack = match numbers.entry(loc.pack) {
             std::collections::hash_map::Entry::Occupied(e) => *e.get(),
@@ -345,7 +389,41 @@ fn plan(
         gap_units.push(Unit::Gaps(from..gaps.len()));
     }
     let units = interleave(read_units, gap_units);
-    Ok(Work { chunks, gaps, packs, wants, reads, units })
+    Ok(Work { chunks, gaps, packs, wants, reads, units, next: AtomicUsize::new(0) })
+}
+
+/// Where the index places the data chunk `chunk` (at `offset` on the volume).
+///
+/// # Errors
+/// [`RepoError::MissingBlob`]; [`RepoError::Corrupt`] when the index holds it as another kind.
+fn locate(index: &MemIndex, offset: u64, chunk: &ChunkRef) -> RepoResult<BlobLocation> {
+    let loc = index.lookup(&chunk.id).ok_or_else(|| RepoError::MissingBlob {
+        id: chunk.id,
+        referrer: format!("volume offset {offset}"),
+    })?;
+    if !loc.kind.is_data() {
+        return Err(RepoError::corrupt(
+            format!("{} {} referenced as volume data", loc.kind, chunk.id),
+            FormatError::WrongKind { expected: ObjectKind::DataBlob, found: loc.kind },
+        ));
+    }
+    Ok(loc)
+}
+
+/// Finds every chunk of `content` in the index, `window` at a time, as [`plan`] does for
+/// one window: a restore planned a window at a time fails on a missing chunk before it
+/// touches the target, as one planned whole does.
+fn check_all(content: &FileContent, index: &MemIndex, window: usize) -> RepoResult<()> {
+    let mut cursor = PlacedCursor::default();
+    loop {
+        let chunks = content.placed_next(&mut cursor, window);
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        for (offset, chunk) in &chunks {
+            locate(index, *offset, chunk)?;
+        }
+    }
 }
 
 /// `a` and `b` merged, each one's items spread evenly among the other's.
@@ -370,18 +448,19 @@ fn interleave<T>(a: Vec<T>, b: Vec<T>) -> Vec<T> {
     out
 }
 
-fn run_writers(shared: &Shared, threads: usize) -> RepoResult<()> {
+/// Writes one window's `work` with `threads` writers.
+fn run_writers(shared: &Shared, work: &Work, threads: usize) -> RepoResult<()> {
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads.max(1))
             .map(|_| {
                 scope.spawn(move || {
                     let zeros = vec![0u8; 1 << 20];
                     loop {
-                        let i = shared.next.fetch_add(1, Ordering::Relaxed);
-                        let done = match shared.work.units.get(i) {
+                        let i = work.next.fetch_add(1, Ordering::Relaxed);
+                        let done = match work.units.get(i) {
                             None => return,
-                            Some(Unit::Gaps(gaps)) => zero_gaps(shared, gaps.clone(), &zeros),
-                            Some(Unit::Reads(reads)) => write_reads(shared, reads.clone()),
+                            Some(Unit::Gaps(gaps)) => zero_gaps(shared, work, gaps.clone(), &zeros),
+                            Some(Unit::Reads(reads)) => write_reads(shared, work, reads.clone()),
                         };
                         if let Err(e) = done {
                             shared.fail(e);
@@ -401,18 +480,13 @@ fn run_writers(shared: &Shared, threads: usize) -> RepoResult<()> {
     if shared.stop.is_cancelled() {
         return Err(RepoError::Cancelled);
     }
-    shared
-        .target
-        .file
-        .sync_all()
-        .map_err(|e| RepoError::io("flush (fsync) restore target", &shared.path, e))
+    Ok(())
 }
 
 /// A chunk to write and where its sealed bytes lie: 24 bytes, where a copy of the chunk's id,
-/// length and offset with its full location took 96 (the id and offset stay in the map's
-/// list, the pack id in the plan's table): a volume of 10 M chunks plans in 240 MB of these,
-/// not 960 MB, beside the map's own 480 MB (the decoded snapshot is dropped once the map is
-/// made).
+/// length and offset with its full location took 96 (the id and offset stay in the window's
+/// list, the pack id in the plan's table): a window of [`WINDOW_CHUNKS`] plans in 6 MiB of
+/// these, beside its list's 12 MiB.
 #[derive(Debug, Clone, Copy)]
 struct Want {
     /// The chunk's place in [`Work::chunks`].
@@ -436,8 +510,8 @@ impl Want {
 const _: () = assert!(std::mem::size_of::<Want>() == 24);
 
 /// Zeroes the gaps of `range` (not at all on a target that reads as zeros).
-fn zero_gaps(shared: &Shared, range: Range<usize>, zeros: &[u8]) -> RepoResult<()> {
-    for &(offset, len) in &shared.work.gaps[range] {
+fn zero_gaps(shared: &Shared, work: &Work, range: Range<usize>, zeros: &[u8]) -> RepoResult<()> {
+    for &(offset, len) in &work.gaps[range] {
         if shared.stop.is_cancelled() {
             return Err(RepoError::Cancelled);
         }
@@ -454,9 +528,8 @@ fn zero_gaps(shared: &Shared, range: Range<usize>, zeros: &[u8]) -> RepoResult<(
 }
 
 /// Fetches the pack reads of `range` and writes each of their chunks where it goes.
-fn write_reads(shared: &Shared, range: Range<usize>) -> RepoResult<()> {
+fn write_reads(shared: &Shared, work: &Work, range: Range<usize>) -> RepoResult<()> {
     let progress = &shared.progress;
-    let work = &shared.work;
     let reads = &work.reads[range];
     shared.repo.fetch_packs_in_order(&shared.handle, reads, &shared.stop, |read, bytes| {
         let mut opener = BlobOpener::default();
@@ -538,8 +611,112 @@ fn wrote(shared: &Shared, len: u64) -> RepoResult<()> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
-    use super::interleave;
+    use std::sync::Arc;
+
+    use ferry_store::{MemoryStore, ObjectStore};
+
+    use super::*;
+    use crate::format::{BlobId, NodeBody};
+    use crate::repo::tests::fast_options;
+    use crate::volume::{VolumeBackupOptions, backup_volume};
+
+    /// A sparse image of 64 KiB chunks: data at the start, at odd places between holes,
+    /// and at the end; returns its path and bytes.
+    fn image(dir: &Path) -> (PathBuf, Vec<u8>) {
+        let mut bytes = vec![0u8; (40 << 16) + 4096];
+        for (n, at) in [0usize, 1, 2, 7, 8, 15, 23, 24, 25, 26, 39].into_iter().enumerate() {
+            let start = at << 16;
+            for (i, b) in bytes[start..start + (40 << 10)].iter_mut().enumerate() {
+                *b = (i * 7 + n * 13) as u8 | 1;
+            }
+        }
+        let len = bytes.len();
+        bytes[len - 100..].fill(0xa5);
+        let path = dir.join("source.img");
+        std::fs::write(&path, &bytes).unwrap();
+        (path, bytes)
+    }
+
+    async fn restore(
+        repo: &Repository,
+        id: &SnapshotId,
+        target: &Path,
+        window: usize,
+    ) -> RepoResult<VolumeRestoreSummary> {
+        let (options, cancel) = (VolumeRestoreOptions::default(), CancellationToken::new());
+        restore_volume_leased(repo, id, Place::Path(target), &options, None, window, &cancel).await
+    }
+
+    /// What a restore wrote and zeroed, without its timing.
+    fn counts(s: &VolumeRestoreSummary) -> (u64, u64, u64, bool) {
+        (s.size, s.bytes_written, s.bytes_zero, s.created)
+    }
+
+    /// A volume restored a few chunks at a time is the volume, whatever the window; a chunk
+    /// missing from the index in the last window fails the restore before the target is made.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_volume_restores_whole_a_window_at_a_time() -> RepoResult<()> {
+        let cancel = CancellationToken::new();
+        let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+        let (repo, _) = Repository::init(store, b"pw", &fast_options(), &cancel).await?;
+        let dir = tempfile::tempdir().unwrap();
+        let (source, bytes) = image(dir.path());
+        let options = VolumeBackupOptions { chunk_size: 64 << 10, ..Default::default() };
+        let backup = backup_volume(&repo, &source, &options, None, &cancel).await?;
+        let id = backup.snapshot_id;
+        let snapshot = repo.load_snapshot(&id, &cancel).await?;
+        let NodeBody::Volume { content, .. } = &snapshot.root.body else { panic!("a volume") };
+        assert!(content.chunks.len() >= 11, "{} chunks", content.chunks.len());
+        let mut summaries = Vec::new();
+        for window in [1, 3, 4, usize::MAX] {
+            // A new image file (gaps left as holes), and one full of other bytes (gaps zeroed).
+            let target = dir.path().join(format!("restored-{window}.img"));
+            let fresh = restore(&repo, &id, &target, window).await?;
+            let restored = std::fs::read(&target).unwrap();
+            assert!(restored == bytes, "window of {window}: the restored volume differs");
+            let dirty = dir.path().join(format!("over-{window}.img"));
+            std::fs::write(&dirty, vec![0xeeu8; bytes.len()]).unwrap();
+            let over = restore(&repo, &id, &dirty, window).await?;
+            let restored = std::fs::read(&dirty).unwrap();
+            assert!(restored == bytes, "window of {window}: the overwritten volume differs");
+            summaries.push((counts(&fresh), counts(&over)));
+        }
+        assert!(summaries.iter().all(|s| *s == summaries[0]), "{summaries:?}");
+        assert_eq!(summaries[0].0.0, bytes.len() as u64);
+
+        // A chunk of the second window of three named by a shorter blob: the restore fails
+        // there, as corrupt, and writes nothing of the third window.
+        let mut short = snapshot.clone();
+        let NodeBody::Volume { content, .. } = &mut short.root.body else { unreachable!() };
+        let (last, n) = (*content.chunks.last().unwrap(), content.chunks.len());
+        assert!(last.len < content.chunks[4].len && n > 6);
+        content.chunks[4].id = last.id;
+        let third = content.placed_chunks()[6];
+        let short = repo.save_snapshot(&short, &cancel).await?;
+        let target = dir.path().join("short.img");
+        let result = restore(&repo, &short, &target, 3).await;
+        assert!(matches!(result, Err(RepoError::Corrupt { .. })), "{result:?}");
+        let restored = std::fs::read(&target).unwrap();
+        let at = usize::try_from(third.0).unwrap();
+        let chunk = &restored[at..at + third.1.len as usize];
+        assert!(chunk.iter().all(|b| *b == 0), "the third window was written");
+        assert!(bytes[at..at + third.1.len as usize].iter().any(|b| *b != 0));
+
+        // The last chunk named by a blob the repository does not hold.
+        let mut broken = snapshot.clone();
+        let NodeBody::Volume { content, .. } = &mut broken.root.body else { unreachable!() };
+        content.chunks.last_mut().unwrap().id = BlobId([7; 32]);
+        let broken = repo.save_snapshot(&broken, &cancel).await?;
+        for window in [3, usize::MAX] {
+            let target = dir.path().join(format!("never-{window}.img"));
+            let result = restore(&repo, &broken, &target, window).await;
+            assert!(matches!(result, Err(RepoError::MissingBlob { .. })), "{result:?}");
+            assert!(!target.exists(), "window of {window}: the target was made");
+        }
+        Ok(())
+    }
 
     #[test]
     fn interleaving_spreads_the_fewer_among_the_more() {
