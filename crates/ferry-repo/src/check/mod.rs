@@ -313,13 +313,7 @@ fn header_agrees(index: &MemIndex, pack: PackId, entries: &[PackEntry], expected
     let Some(number) = index.pack_number(&pack) else { return false };
     let mut listed = 0u32;
     for e in entries {
-        let loc = BlobLocation {
-            pack,
-            offset: e.offset,
-            length: e.length,
-            raw_length: e.raw_length,
-            kind: e.kind,
-        };
+        let loc = BlobLocation::listed(pack, e);
         if !index.lists(&e.id, number, &loc) {
             return false;
         }

@@ -33,7 +33,7 @@ pub const FRAME_TARGET: usize = 1 << 20;
 const ENTRY: usize = 8 + 4;
 
 /// The leading bytes of a blob id a frame's table keeps.
-fn prefix(id: &BlobId) -> [u8; 8] {
+pub(crate) fn prefix(id: &BlobId) -> [u8; 8] {
     let mut p = [0u8; 8];
     p.copy_from_slice(&id.0[..8]);
     p

@@ -8,8 +8,8 @@
 //! not its pack). A frame whose blobs are all live is copied sealed too, as it was stored
 //! (nor does its encryption bind its place): it is opened only to check its blobs, never
 //! compressed again. The live blobs of a frame that also holds dead ones go into a new frame,
-//! in the old frame's order; the dead ones are left. The new packs are stored, then named by index files, all before
-//! the mark that condemns the old packs is written.
+//! in the old frame's order; the dead ones are left. The new packs are stored, then named by
+//! index files, all before the mark that condemns the old packs is written.
 
 use std::collections::HashMap;
 
@@ -193,9 +193,10 @@ fn in_frame_order(group: &mut [PackEntry], frame: &Frame) {
     let order: HashMap<([u8; 8], usize), usize> =
         frame.blobs().enumerate().map(|(n, (prefix, bytes))| ((prefix, bytes.len()), n)).collect();
     group.sort_by_key(|e| {
-        let mut prefix = [0u8; 8];
-        prefix.copy_from_slice(&e.id.0[..8]);
-        order.get(&(prefix, e.raw_length as usize)).copied().unwrap_or(usize::MAX)
+        order
+            .get(&(crate::format::frame::prefix(&e.id), e.raw_length as usize))
+            .copied()
+            .unwrap_or(usize::MAX)
     });
 }
 
@@ -278,13 +279,7 @@ mod tests {
     }
 
     fn at(e: &PackEntry) -> BlobLocation {
-        BlobLocation {
-            pack: PackId([1; 32]),
-            offset: e.offset,
-            length: e.length,
-            raw_length: e.raw_length,
-            kind: e.kind,
-        }
+        BlobLocation::listed(PackId([1; 32]), e)
     }
 
     #[test]
@@ -378,16 +373,7 @@ mod tests {
         let places: Vec<_> = pack
             .entries
             .iter()
-            .map(|e| {
-                let loc = BlobLocation {
-                    pack: pack.id,
-                    offset: e.offset,
-                    length: e.length,
-                    raw_length: e.raw_length,
-                    kind: e.kind,
-                };
-                (ShortId::of(&e.id), loc)
-            })
+            .map(|e| (ShortId::of(&e.id), BlobLocation::listed(pack.id, e)))
             .collect();
         let lock = GcLock::acquire(&repo, &GcOptions::default(), &cancel).await?;
         let copied = run(&repo, places, &lock.0.checker(), &cancel).await;

@@ -20,7 +20,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::RwLock;
 
-use crate::format::{BlobId, IndexFile, IndexId, ObjectKind, PackId};
+use crate::format::{BlobId, IndexFile, IndexId, ObjectKind, PackEntry, PackId};
 
 /// In a slot's raw length: a tree blob.
 const TREE_BIT: u32 = 1 << 31;
@@ -65,6 +65,13 @@ pub struct BlobLocation {
     pub raw_length: u32,
     /// Data, tree, or data in a frame.
     pub kind: ObjectKind,
+}
+
+impl BlobLocation {
+    /// Where the pack header entry `e` of pack `pack` places its blob.
+    pub(crate) fn listed(pack: PackId, e: &PackEntry) -> Self {
+        Self { pack, offset: e.offset, length: e.length, raw_length: e.raw_length, kind: e.kind }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]

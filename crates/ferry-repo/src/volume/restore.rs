@@ -216,32 +216,7 @@ async fn restore_volume_leased(
     let ran = {
         let shared = Arc::clone(&shared);
         tokio::task::spawn_blocking(move || {
-            let (mut work, mut cursor) = first;
-            loop {
-                // The next window is planned while this one is written.
-                let (ran, next) = std::thread::scope(|scope| {
-                    let next = scope.spawn(|| {
-                        let chunks = content.placed_next(&mut cursor, window);
-                        let more = !chunks.is_empty();
-                        more.then(|| plan(chunks, Vec::new(), &index, threads)).transpose()
-                    });
-                    (run_writers(&shared, &work, threads), next.join())
-                });
-                ran?;
-                let next = next.map_err(|_| RepoError::Internal {
-                    what: "volume restore plan",
-                    reason: "panicked".into(),
-                })??;
-                match next {
-                    Some(next) => work = next,
-                    None => break,
-                }
-            }
-            shared
-                .target
-                .file
-                .sync_all()
-                .map_err(|e| RepoError::io("flush (fsync) restore target", &shared.path, e))
+            write_windows(&shared, &content, &index, first, (window, threads))
         })
         .await
         .map_err(|e| RepoError::Internal { what: "volume writers", reason: e.to_string() })
@@ -265,6 +240,42 @@ async fn restore_volume_leased(
         created,
         duration: started.elapsed(),
     })
+}
+
+/// Writes the planned window `first` and then every later one (from its cursor), each of
+/// `window` chunks, with `threads` writers, the next window planned while one is written; then
+/// flushes the target.
+fn write_windows(
+    shared: &Shared,
+    content: &FileContent,
+    index: &MemIndex,
+    (mut work, mut cursor): (Work, PlacedCursor),
+    (window, threads): (usize, usize),
+) -> RepoResult<()> {
+    loop {
+        let (ran, next) = std::thread::scope(|scope| {
+            let next = scope.spawn(|| {
+                let chunks = content.placed_next(&mut cursor, window);
+                let more = !chunks.is_empty();
+                more.then(|| plan(chunks, Vec::new(), index, threads)).transpose()
+            });
+            (run_writers(shared, &work, threads), next.join())
+        });
+        ran?;
+        let next = next.map_err(|_| RepoError::Internal {
+            what: "volume restore plan",
+            reason: "panicked".into(),
+        })??;
+        match next {
+            Some(next) => work = next,
+            None => break,
+        }
+    }
+    shared
+        .target
+        .file
+        .sync_all()
+        .map_err(|e| RepoError::io("flush (fsync) restore target", &shared.path, e))
 }
 
 /// Opens or creates the target; returns it with whether it was created and whether it reads
