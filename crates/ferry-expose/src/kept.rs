@@ -13,8 +13,9 @@
 //! never deleted under a `Retain` that would leave its physical snapshot with no object.
 //!
 //! A kept base is released (set back to `Delete`, then deleted) when a newer backup of the same
-//! PVC completes or its DataUpload is gone (its backup deleted, or a pending one's agent gone
-//! before its cleanup); the CSI snapshotter sidecar then deletes the physical snapshot. The
+//! PVC completes or its DataUpload is gone (its backup deleted, or a pending one's DataUpload
+//! deleted, its finalizer removed by hand, while no agent ran: no cleanup runs for it); the CSI
+//! snapshotter sidecar then deletes the physical snapshot. The
 //! object is kept, not just the handle, because the sidecar deletes a physical snapshot only for
 //! a content that still carries its bound-protection finalizer and the snapshot-controller's
 //! being-deleted annotation; a content made afresh for a handle has neither and would be

@@ -172,7 +172,7 @@ md5sum < /dev/volume | cut -d' ' -f1 > /dev/termination-log",
 
 /// The backup VolumeSnapshotContent of DataUpload `name`, once `done` accepts it (`None`: it
 /// is gone); fails with what was last seen after [`node::WAIT`].
-async fn content_when(
+pub async fn content_when(
     client: &kube::Client,
     name: &str,
     what: &str,
@@ -228,7 +228,7 @@ pub async fn release_base(client: &kube::Client, du: &ferry_api::DataUpload) -> 
 }
 
 /// Whether `content` is kept as a delta base: labelled, `Retain`, its VolumeSnapshot gone.
-fn is_kept(content: Option<&ferry_api::VolumeSnapshotContent>) -> bool {
+pub fn is_kept(content: Option<&ferry_api::VolumeSnapshotContent>) -> bool {
     use kube::ResourceExt;
     content.is_some_and(|c| {
         c.labels().get(ferry_expose::KEPT_BASE_LABEL).map(String::as_str) == Some("true")

@@ -171,7 +171,10 @@ async fn remove_holder(
 /// The physical snapshot of block backup `name`, whose PVC asks for it to be kept as the next
 /// delta's base: its content is `Retain` and labelled pending from the start, not only once
 /// the backup completes.
-async fn pending_base(client: &Client, name: &str) -> Result<String, Box<dyn std::error::Error>> {
+pub async fn pending_base(
+    client: &Client,
+    name: &str,
+) -> Result<String, Box<dyn std::error::Error>> {
     use kube::ResourceExt;
     let contents: Api<VolumeSnapshotContent> = Api::all(client.clone());
     let deadline = Instant::now() + WAIT;
@@ -198,7 +201,12 @@ async fn pending_base(client: &Client, name: &str) -> Result<String, Box<dyn std
 
 /// A backup that did not complete keeps nothing, though its PVC asked for its base to be kept:
 /// its content goes, and the driver deletes the physical snapshot `handle`.
-async fn nothing_kept(node: &node::Node, client: &Client, name: &str, handle: &str) -> TestResult {
+pub async fn nothing_kept(
+    node: &node::Node,
+    client: &Client,
+    name: &str,
+    handle: &str,
+) -> TestResult {
     let contents: Api<VolumeSnapshotContent> = Api::all(client.clone());
     let deadline = Instant::now() + WAIT;
     while let Some(content) = contents.get_opt(name).await? {

@@ -12,10 +12,8 @@ use ferry_api::k8s_openapi::api::core::v1::Pod;
 use ferry_testbed::VELERO_NAMESPACE;
 use kube::api::{Api, DeleteParams, ListParams};
 
-use crate::node::{self, TestResult, WAIT, name_of};
+use crate::node::{self, AGENT_DAEMONSET, AGENT_LABELS, TestResult, WAIT, name_of};
 use crate::round_trip::{FS_MANIFEST, FS_WRITE};
-
-const AGENT_LABELS: &str = "app.kubernetes.io/name=ferry,app.kubernetes.io/component=agent";
 
 #[tokio::test]
 async fn an_incremental_backup_after_a_change_stores_only_the_change() -> TestResult {
@@ -562,7 +560,7 @@ async fn the_agents_data_path_threads_follow_its_pods_cpu_and_memory_limits() ->
     let client = node.client()?;
     let sets: Api<ferry_api::k8s_openapi::api::apps::v1::DaemonSet> =
         Api::namespaced(client.clone(), VELERO_NAMESPACE);
-    let set = serde_json::to_value(sets.get("ferry-agent").await?)?;
+    let set = serde_json::to_value(sets.get(AGENT_DAEMONSET).await?)?;
     let chart = set["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"].clone();
     assert_eq!(chart["memory"], "2Gi", "the chart's default limits: {chart}");
     let line = agent_threads_line(node, &client, &chart).await?;
@@ -576,12 +574,12 @@ async fn the_agents_data_path_threads_follow_its_pods_cpu_and_memory_limits() ->
         }]}}}}))
     };
     let small = serde_json::json!({ "cpu": "1", "memory": "1Gi" });
-    sets.patch("ferry-agent", &PatchParams::default(), &set_limits("1".into(), "1Gi")).await?;
+    sets.patch(AGENT_DAEMONSET, &PatchParams::default(), &set_limits("1".into(), "1Gi")).await?;
     let line = agent_threads_line(node, &client, &small).await;
     // The chart's limits again, whatever happened (a few tries: later tests need them).
     let chart_limits = set_limits(chart["cpu"].clone(), chart["memory"].as_str().unwrap_or("2Gi"));
     let mut tries = 0;
-    while let Err(e) = sets.patch("ferry-agent", &PatchParams::default(), &chart_limits).await {
+    while let Err(e) = sets.patch(AGENT_DAEMONSET, &PatchParams::default(), &chart_limits).await {
         tries += 1;
         assert!(tries < 5, "the DaemonSet's limits could not be put back: {e}");
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -11,6 +11,7 @@ mod cbt;
 mod cbt_ext4;
 mod cbt_wrong;
 mod holder;
+mod kept;
 mod lifecycle;
 mod node;
 mod provisioning;

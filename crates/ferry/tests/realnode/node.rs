@@ -48,6 +48,11 @@ pub const CREDENTIALS: (&str, &str) = ("ferry-realnode", "ferry-realnode-secret"
 
 /// Held for reading by every test, for writing by a test that disrupts the agent (deletes its
 /// pod): the others never see their agent go away mid-test.
+/// The labels of the agent's pods, as the chart sets them.
+pub const AGENT_LABELS: &str = "app.kubernetes.io/name=ferry,app.kubernetes.io/component=agent";
+/// The agent's DaemonSet, as the chart names it.
+pub const AGENT_DAEMONSET: &str = "ferry-agent";
+
 pub static AGENT: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// The shared cluster with Ferry installed from its chart and a BSL on moto.
@@ -140,9 +145,8 @@ impl Node {
     /// logs on the node (as `kubectl logs` shows them, with the runtime's line prefixes).
     pub async fn agent_logs(&self) -> Result<String, Box<dyn std::error::Error>> {
         let pods: Api<Pod> = Api::namespaced(self.client()?, VELERO_NAMESPACE);
-        let selector = "app.kubernetes.io/name=ferry,app.kubernetes.io/component=agent";
         let mut log = String::new();
-        for pod in pods.list(&kube::api::ListParams::default().labels(selector)).await?.items {
+        for pod in pods.list(&kube::api::ListParams::default().labels(AGENT_LABELS)).await?.items {
             let dir = self.cluster.nodes()[0].dir().join("var-log/pods").join(format!(
                 "{VELERO_NAMESPACE}_{}_{}",
                 pod.name_any(),
@@ -313,7 +317,7 @@ pub async fn run_pod_on(
     Ok(ferry_testbed::workload::run_to_completion(client, &pod, WAIT).await?)
 }
 
-async fn wait_gone<K>(api: &Api<K>, name: &str) -> Result<(), Box<dyn std::error::Error>>
+pub async fn wait_gone<K>(api: &Api<K>, name: &str) -> Result<(), Box<dyn std::error::Error>>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
