@@ -1,13 +1,13 @@
 //! Ferry's agent gone from its node while a block backup that keeps its base snapshot moves
 //! data (its content `Retain` and labelled pending from the moment it was made):
-//! - the agent's pod replaced (an upgrade, its pod deleted): the new agent's sweep leaves the pending
-//!   base alone, since its DataUpload is still there; the resumed backup completes, keeps its
-//!   base, and the next backup reads the driver's delta from it;
-//! - the agent kept off the node (no pod of its DaemonSet runs there) while the
-//!   DataUpload is deleted, its finalizer taken off by hand (as an operator unsticks a
-//!   deletion while Ferry is not running): the cluster's garbage collector removes what the
-//!   backup exposed (holding pod, PVC, VolumeSnapshot: each owned by the DataUpload), but not
-//!   the cluster-scoped content, which keeps the physical snapshot. No cleanup will run for a
+//! - the agent's pod replaced (an upgrade, its pod deleted): the new agent's sweep leaves the
+//!   pending base alone, since its DataUpload is still there; the resumed backup completes,
+//!   keeps its base, and the next backup reads the driver's delta from it;
+//! - the agent kept off the node (no pod of its DaemonSet runs there) while the DataUpload is
+//!   deleted, its finalizer taken off by hand (as an operator unsticks a deletion while Ferry
+//!   is not running): the cluster's garbage collector removes what the backup exposed
+//!   (holding pod, PVC, VolumeSnapshot: each owned by the DataUpload), but not the
+//!   cluster-scoped content, which keeps the physical snapshot. No cleanup will run for a
 //!   DataUpload that is gone; the agent, once back, releases the content and the driver
 //!   deletes the snapshot.
 
@@ -104,8 +104,7 @@ async fn a_block_backup_resumed_by_a_new_agent_keeps_its_base_for_the_next_delta
 /// its physical snapshot until the agent is back; the agent's sweep then releases both, and
 /// nothing of the backup is left on the node.
 #[tokio::test]
-async fn a_pending_base_whose_upload_was_deleted_while_the_agent_was_away_is_released_on_its_return()
--> TestResult {
+async fn a_pending_base_left_while_the_agent_was_away_is_released_on_its_return() -> TestResult {
     let node = node::node();
     // Alone: the agent is taken off the node, and the tests share the gate.
     let _agent = node::AGENT.write().await;
@@ -153,8 +152,8 @@ async fn still_pending(node: &node::Node, client: &Client, name: &str, handle: &
     Ok(())
 }
 
-/// The agent logged releasing DataUpload `name`'s base as its backup's (a minute at most: the
-/// line comes with the deletion, and the log is read as the kubelet writes it).
+/// The agent logged that it released DataUpload `name`'s base as a deleted backup's (within a
+/// minute: the line comes with the deletion, and the log is read as the kubelet writes it).
 async fn released_logged(node: &node::Node, name: &str) -> TestResult {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

@@ -46,13 +46,13 @@ const BUCKET: &str = "ferry-realnode";
 /// Velero server from its credentials file, the CLI from the env.
 pub const CREDENTIALS: (&str, &str) = ("ferry-realnode", "ferry-realnode-secret");
 
-/// Held for reading by every test, for writing by a test that disrupts the agent (deletes its
-/// pod): the others never see their agent go away mid-test.
 /// The labels of the agent's pods, as the chart sets them.
 pub const AGENT_LABELS: &str = "app.kubernetes.io/name=ferry,app.kubernetes.io/component=agent";
 /// The agent's DaemonSet, as the chart names it.
 pub const AGENT_DAEMONSET: &str = "ferry-agent";
 
+/// Held for reading by every test, for writing by a test that disrupts the agent (deletes its
+/// pod): the others never see their agent go away mid-test.
 pub static AGENT: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// The shared cluster with Ferry installed from its chart and a BSL on moto.
