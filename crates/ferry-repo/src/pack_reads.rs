@@ -1,10 +1,11 @@
 //! Ranged reads of packs for restores: the blobs a worker wants, grouped into few merged reads,
 //! fetched several at a time (a remote store's round trips overlap) and handed out in order.
 //!
-//! Memory: the bytes fetched or being fetched and not yet handed back stay within
-//! [`MAX_HELD`], 16 MiB (or one read, when a single one is larger). A read never crosses a pack
-//! (16 MiB by default), so that is about what one read at a time held before; the per-thread
-//! memory budget (`thread_budget`) is unchanged.
+//! Memory: the bytes a worker has fetched, or is fetching, and not yet handed back stay within
+//! [`MAX_HELD`], 16 MiB (or one read, when a single one is larger), also when it starts the
+//! reads of its next batch before it has taken those of the current one (see [`Fetcher`]). A
+//! read never crosses a pack (16 MiB by default), so that is about what one read at a time
+//! held before; the per-thread memory budget (`thread_budget`) is unchanged.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -24,7 +25,8 @@ use crate::repo::{BlobLocation, layout};
 pub(crate) const MERGE_GAP: u64 = 256 << 10;
 /// The largest merged read.
 pub(crate) const MAX_READ: u64 = 32 << 20;
-/// The most bytes a worker has fetched or in flight at once (one read may exceed it alone).
+/// The most bytes a worker has fetched or in flight at once (one read may exceed it alone; see
+/// also [`Fetcher::drain`]).
 pub(crate) const MAX_HELD: u64 = 16 << 20;
 /// Reads a worker has in flight at once, at most.
 pub(crate) const MAX_CONCURRENT_READS: usize = 8;
@@ -112,63 +114,142 @@ pub(crate) fn plan<'a, T>(
     Ok(reads)
 }
 
-/// Fetches `reads` through `store` on the runtime behind `handle`, up to
-/// [`MAX_CONCURRENT_READS`] at once within the memory bound, each request holding one of
-/// `permits` (shared by every worker of the repository), and calls `each` with every read and
-/// its bytes, in order, on the calling thread. The first error (a read's or `each`'s) ends it;
-/// reads still in flight are then abandoned.
-///
-/// # Errors
-/// Store failures (as [`RepoError::Store`] naming the pack), cancellation, and `each`'s errors.
-pub(crate) fn fetch_in_order(
-    handle: &tokio::runtime::Handle,
-    store: &Arc<dyn ObjectStore>,
-    permits: &Arc<Semaphore>,
-    reads: &[PackRead],
-    stop: &CancellationToken,
-    mut each: impl FnMut(&PackRead, Bytes) -> RepoResult<()>,
-) -> RepoResult<()> {
-    let mut in_flight: VecDeque<AbortOnDropHandle<_>> = VecDeque::new();
-    // Bytes of the reads started and not yet handed back.
-    let mut held = 0u64;
-    let mut next = 0;
-    for read in reads {
-        while let Some(r) = reads.get(next) {
-            let room = in_flight.is_empty() || held + r.len <= MAX_HELD;
-            if !room || in_flight.len() >= MAX_CONCURRENT_READS {
+/// A read started and not yet taken.
+type Started = AbortOnDropHandle<Result<Bytes, StoreError>>;
+
+/// Where a worker is in one list of reads (see [`Fetcher`]): the reads started and not yet
+/// taken, oldest first, the next to start and the next to take.
+#[derive(Default)]
+pub(crate) struct Queue {
+    started: VecDeque<Started>,
+    next: usize,
+    taken: usize,
+}
+
+impl Queue {
+    /// Whether every read of the list has been started.
+    pub(crate) fn all_started(&self, reads: &[PackRead]) -> bool {
+        self.next >= reads.len()
+    }
+}
+
+/// One worker's ranged reads, over every list of reads it has begun: at most
+/// [`MAX_CONCURRENT_READS`] in flight and [`MAX_HELD`] bytes fetched or being fetched and not
+/// yet handed back (one read may exceed that alone), each request holding one of the
+/// repository's permits (shared by all its workers). A worker may start the reads of its next
+/// list while it takes those of the current one, within the same bounds.
+pub(crate) struct Fetcher<'a> {
+    handle: &'a tokio::runtime::Handle,
+    store: &'a Arc<dyn ObjectStore>,
+    permits: &'a Arc<Semaphore>,
+    stop: &'a CancellationToken,
+    /// Reads started and not yet taken, over all lists.
+    in_flight: usize,
+    /// Their bytes, and those of the read being handed back.
+    held: u64,
+}
+
+impl<'a> Fetcher<'a> {
+    pub(crate) fn new(
+        handle: &'a tokio::runtime::Handle,
+        store: &'a Arc<dyn ObjectStore>,
+        permits: &'a Arc<Semaphore>,
+        stop: &'a CancellationToken,
+    ) -> Self {
+        Self { handle, store, permits, stop, in_flight: 0, held: 0 }
+    }
+
+    /// Starts reads of `reads` (where `queue` says) while the bounds allow.
+    pub(crate) fn start(&mut self, reads: &[PackRead], queue: &mut Queue) {
+        while let Some(r) = reads.get(queue.next) {
+            let room = self.in_flight == 0 || self.held + r.len <= MAX_HELD;
+            if !room || self.in_flight >= MAX_CONCURRENT_READS {
                 break;
             }
-            let (store, key, stop) = (Arc::clone(store), r.key.clone(), stop.clone());
-            let permits = Arc::clone(permits);
-            let (start, len) = (r.start, r.len);
-            in_flight.push_back(AbortOnDropHandle::new(handle.spawn(async move {
-                // Never closed, so the permit always comes unless the restore stops first.
-                let _permit = tokio::select! {
-                    permit = permits.acquire_owned() => permit.ok(),
-                    () = stop.cancelled() => return Err(StoreError::Cancelled),
-                };
-                store.get_range(&key, start, len, &stop).await
-            })));
-            held += r.len;
-            next += 1;
+            self.spawn(r, queue);
         }
-        if stop.is_cancelled() {
-            return Err(RepoError::Cancelled);
-        }
-        let Some(fetch) = in_flight.pop_front() else {
-            return Err(RepoError::Internal {
-                what: "restore",
-                reason: "a pack read was never started".into(),
-            });
-        };
-        let bytes = handle
-            .block_on(fetch)
-            .map_err(|e| RepoError::Internal { what: "restore", reason: e.to_string() })?
-            .map_err(|e| RepoError::store("read pack", &read.key, e))?;
-        each(read, bytes)?;
-        held -= read.len;
     }
-    Ok(())
+
+    fn spawn(&mut self, r: &PackRead, queue: &mut Queue) {
+        let (store, key, stop) = (Arc::clone(self.store), r.key.clone(), self.stop.clone());
+        let permits = Arc::clone(self.permits);
+        let (start, len) = (r.start, r.len);
+        queue.started.push_back(AbortOnDropHandle::new(self.handle.spawn(async move {
+            // Never closed, so the permit always comes unless the restore stops first.
+            let _permit = tokio::select! {
+                permit = permits.acquire_owned() => permit.ok(),
+                () = stop.cancelled() => return Err(StoreError::Cancelled),
+            };
+            store.get_range(&key, start, len, &stop).await
+        })));
+        self.held += len;
+        self.in_flight += 1;
+        queue.next += 1;
+    }
+
+    /// Takes every read of `reads` (where `queue` says) in order, calling `each` with the read
+    /// and its bytes on the calling thread, and starting the rest as the bounds allow. Once
+    /// all of them are started, `idle` is called before each read is taken, to start other
+    /// reads with the room left. The first error (a read's, `each`'s or `idle`'s) ends it;
+    /// the reads of `queue` still in flight are abandoned when it is dropped. After an error
+    /// the fetcher's counts include reads nobody will take: drop it too.
+    ///
+    /// # Errors
+    /// Store failures (as [`RepoError::Store`] naming the pack), cancellation, and the
+    /// callbacks' errors.
+    pub(crate) fn drain(
+        &mut self,
+        reads: &[PackRead],
+        queue: &mut Queue,
+        mut each: impl FnMut(&PackRead, Bytes) -> RepoResult<()>,
+        mut idle: impl FnMut(&mut Self) -> RepoResult<()>,
+    ) -> RepoResult<()> {
+        while let Some(read) = reads.get(queue.taken) {
+            self.start(reads, queue);
+            if queue.all_started(reads) {
+                idle(self)?;
+            }
+            if self.stop.is_cancelled() {
+                return Err(RepoError::Cancelled);
+            }
+            if queue.started.is_empty() {
+                // Other lists' reads took the room: this one, the next taken, goes anyway, over
+                // the bound. A restore's worker never lets that happen (it starts a list's
+                // reads only once those of the list before are all started), but a caller
+                // that did would otherwise wait for ever.
+                self.spawn(read, queue);
+            }
+            let Some(fetch) = queue.started.pop_front() else {
+                return Err(RepoError::Internal {
+                    what: "restore",
+                    reason: "a pack read was never started".into(),
+                });
+            };
+            let fetched = self.handle.block_on(fetch);
+            self.in_flight -= 1;
+            queue.taken += 1;
+            let handed = fetched
+                .map_err(|e| RepoError::Internal { what: "restore", reason: e.to_string() })
+                .and_then(|got| got.map_err(|e| RepoError::store("read pack", &read.key, e)))
+                .and_then(|bytes| each(read, bytes));
+            self.held -= read.len;
+            handed?;
+        }
+        Ok(())
+    }
+}
+
+/// Fetches `reads` with `fetcher`, calling `each` with every read and its bytes, in order, on
+/// the calling thread (see [`Fetcher::drain`]).
+///
+/// # Errors
+/// As [`Fetcher::drain`].
+pub(crate) fn fetch_in_order(
+    fetcher: &mut Fetcher<'_>,
+    reads: &[PackRead],
+    each: impl FnMut(&PackRead, Bytes) -> RepoResult<()>,
+) -> RepoResult<()> {
+    fetcher.drain(reads, &mut Queue::default(), each, |_| Ok(()))
 }
 
 #[cfg(test)]
@@ -234,19 +315,29 @@ mod tests {
         }
     }
 
-    /// Two workers fetch 12 reads each through a store; returns the most reads the store saw
-    /// at once. Each worker gets every read's bytes, in order.
-    fn most_in_flight(permits: usize) -> usize {
+    /// A runtime of `threads` workers, and a memory store holding the pack "pack" of `bytes`.
+    fn pack_of(
+        bytes: &[u8],
+        threads: usize,
+    ) -> (tokio::runtime::Runtime, Arc<ferry_store::MemoryStore>, ObjectKey) {
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(threads)
             .enable_time()
             .build()
             .unwrap();
         let memory = Arc::new(ferry_store::MemoryStore::new());
         let key = ObjectKey::new("pack").unwrap();
-        let bytes: Vec<u8> = (0..12 * 100).map(|i| (i % 251) as u8).collect();
         let stop = CancellationToken::new();
-        runtime.block_on(memory.put_if_absent(&key, Bytes::from(bytes.clone()), &stop)).unwrap();
+        runtime.block_on(memory.put_if_absent(&key, Bytes::from(bytes.to_vec()), &stop)).unwrap();
+        (runtime, memory, key)
+    }
+
+    /// Two workers fetch 12 reads each through a store; returns the most reads the store saw
+    /// at once. Each worker gets every read's bytes, in order.
+    fn most_in_flight(permits: usize) -> usize {
+        let bytes: Vec<u8> = (0..12 * 100).map(|i| (i % 251) as u8).collect();
+        let (runtime, memory, key) = pack_of(&bytes, 2);
+        let stop = CancellationToken::new();
         let hooked = Arc::new(ferry_store::Hooked::new(memory, InFlight::default()));
         let store: Arc<dyn ObjectStore> = hooked.clone();
         let permits = Arc::new(Semaphore::new(permits));
@@ -257,7 +348,8 @@ mod tests {
             for _ in 0..2 {
                 scope.spawn(|| {
                     let mut seen = Vec::new();
-                    fetch_in_order(runtime.handle(), &store, &permits, &reads, &stop, |r, b| {
+                    let mut fetcher = Fetcher::new(runtime.handle(), &store, &permits, &stop);
+                    fetch_in_order(&mut fetcher, &reads, |r, b| {
                         assert_eq!(b.len() as u64, r.len);
                         seen.extend_from_slice(&b);
                         Ok(())
@@ -275,6 +367,138 @@ mod tests {
         assert!(most_in_flight(3) <= 3, "at most the permits");
         // Without the shared bound, each worker alone keeps up to 8 in flight.
         assert!(most_in_flight(64) > 3, "the test sees concurrency when it is allowed");
+    }
+
+    /// Records the ranged reads the store has started, holding each a moment.
+    #[derive(Debug, Default)]
+    struct Started(std::sync::Mutex<Vec<u64>>);
+
+    #[async_trait::async_trait]
+    impl ferry_store::Hook for Started {
+        async fn before(&self, call: ferry_store::Call<'_>) {
+            if let ferry_store::Call::GetRange(_, start, _) = call {
+                self.0.lock().unwrap().push(start);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    #[test]
+    fn a_workers_next_reads_start_while_it_takes_the_last_of_the_current_ones() {
+        let bytes: Vec<u8> = (0..4 * 100).map(|i| (i % 251) as u8).collect();
+        let (runtime, memory, key) = pack_of(&bytes, 2);
+        let stop = CancellationToken::new();
+        let hooked = Arc::new(ferry_store::Hooked::new(memory, Started::default()));
+        let store: Arc<dyn ObjectStore> = hooked.clone();
+        let permits = Arc::new(Semaphore::new(MAX_REPOSITORY_READS));
+        let read = |i: u64| PackRead { key: key.clone(), start: i * 100, len: 100, wants: 0..0 };
+        let (current, next) = ([read(0), read(1)], [read(2), read(3)]);
+        let mut fetcher = Fetcher::new(runtime.handle(), &store, &permits, &stop);
+        let (mut queue, mut ahead) = (Queue::default(), Queue::default());
+        let mut seen = Vec::new();
+        let mut idle_calls = 0;
+        fetcher
+            .drain(
+                &current,
+                &mut queue,
+                |r, b| {
+                    assert_eq!(b.len() as u64, r.len);
+                    seen.extend_from_slice(&b);
+                    Ok(())
+                },
+                |f| {
+                    idle_calls += 1;
+                    f.start(&next, &mut ahead);
+                    Ok(())
+                },
+            )
+            .unwrap();
+        assert_eq!(idle_calls, 2, "called before each read once all are started");
+        assert!(ahead.all_started(&next), "the next reads were started meanwhile");
+        assert_eq!(fetcher.in_flight, 2, "and not taken");
+        // The next reads reach the store without being taken (bounded: 5 s).
+        let mut seen_by_store = Vec::new();
+        for _ in 0..500 {
+            seen_by_store = hooked.hook().0.lock().unwrap().clone();
+            if seen_by_store.len() == 4 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        seen_by_store.sort_unstable();
+        assert_eq!(seen_by_store, [0, 100, 200, 300]);
+        fetcher
+            .drain(
+                &next,
+                &mut ahead,
+                |_, b| {
+                    seen.extend_from_slice(&b);
+                    Ok(())
+                },
+                |_| Ok(()),
+            )
+            .unwrap();
+        assert_eq!(seen, bytes, "every read, in order");
+        assert_eq!((fetcher.in_flight, fetcher.held), (0, 0));
+    }
+
+    #[test]
+    fn reads_started_ahead_share_the_workers_bounds() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .unwrap();
+        let store: Arc<dyn ObjectStore> = Arc::new(ferry_store::MemoryStore::new());
+        let stop = CancellationToken::new();
+        let permits = Arc::new(Semaphore::new(MAX_REPOSITORY_READS));
+        let key = ObjectKey::new("pack").unwrap();
+        let read = |len: u64| PackRead { key: key.clone(), start: 0, len, wants: 0..0 };
+        let mut fetcher = Fetcher::new(runtime.handle(), &store, &permits, &stop);
+        // Many small reads: at most MAX_CONCURRENT_READS at once, over both lists.
+        let (first, second): (Vec<_>, Vec<_>) =
+            ((0..5).map(|_| read(1)).collect(), (0..9).map(|_| read(1)).collect());
+        let (mut a, mut b) = (Queue::default(), Queue::default());
+        fetcher.start(&first, &mut a);
+        fetcher.start(&second, &mut b);
+        assert_eq!((a.next, b.next), (5, MAX_CONCURRENT_READS - 5));
+        // Large reads: within MAX_HELD, except a first one alone.
+        let mut fetcher = Fetcher::new(runtime.handle(), &store, &permits, &stop);
+        let (big, more) = (vec![read(MAX_HELD - 10)], vec![read(11), read(10)]);
+        let (mut a, mut b) = (Queue::default(), Queue::default());
+        fetcher.start(&big, &mut a);
+        fetcher.start(&more, &mut b);
+        assert_eq!((a.next, b.next), (1, 0), "11 more bytes would pass MAX_HELD");
+        let mut fetcher = Fetcher::new(runtime.handle(), &store, &permits, &stop);
+        let huge = vec![read(MAX_HELD * 2)];
+        let mut a = Queue::default();
+        fetcher.start(&huge, &mut a);
+        assert_eq!(a.next, 1, "a read larger than the bound goes alone");
+    }
+
+    #[test]
+    fn a_lists_next_read_goes_even_when_other_lists_hold_the_room() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        let (runtime, memory, key) = pack_of(&bytes, 1);
+        let stop = CancellationToken::new();
+        let store: Arc<dyn ObjectStore> = memory;
+        let permits = Arc::new(Semaphore::new(MAX_REPOSITORY_READS));
+        let read = |start: u64| PackRead { key: key.clone(), start, len: 1, wants: 0..0 };
+        let mut fetcher = Fetcher::new(runtime.handle(), &store, &permits, &stop);
+        let others: Vec<_> = (0..MAX_CONCURRENT_READS as u64).map(read).collect();
+        let mut queue = Queue::default();
+        fetcher.start(&others, &mut queue);
+        assert_eq!(fetcher.in_flight, MAX_CONCURRENT_READS, "the room taken");
+        let mine = [read(200), read(201)];
+        let mut got = Vec::new();
+        let each = |_: &PackRead, b: Bytes| {
+            got.extend_from_slice(&b);
+            Ok(())
+        };
+        fetcher.drain(&mine, &mut Queue::default(), each, |_| Ok(())).unwrap();
+        assert_eq!(got, [200, 201]);
+        fetcher.drain(&others, &mut queue, |_, _| Ok(()), |_| Ok(())).unwrap();
+        assert_eq!((fetcher.in_flight, fetcher.held), (0, 0), "counted back");
     }
 
     #[test]

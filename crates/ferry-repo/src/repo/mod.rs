@@ -341,26 +341,14 @@ impl Repository {
         &self.inner.store
     }
 
-    /// [`crate::pack_reads::fetch_in_order`] through this handle's store, within its
+    /// A worker's [`crate::pack_reads::Fetcher`] through this handle's store, within its
     /// repository-wide bound on reads in flight.
-    ///
-    /// # Errors
-    /// As `fetch_in_order`.
-    pub(crate) fn fetch_packs_in_order(
-        &self,
-        handle: &tokio::runtime::Handle,
-        reads: &[crate::pack_reads::PackRead],
-        stop: &tokio_util::sync::CancellationToken,
-        each: impl FnMut(&crate::pack_reads::PackRead, Bytes) -> RepoResult<()>,
-    ) -> RepoResult<()> {
-        crate::pack_reads::fetch_in_order(
-            handle,
-            &self.inner.store,
-            &self.inner.pack_reads,
-            reads,
-            stop,
-            each,
-        )
+    pub(crate) fn fetcher<'a>(
+        &'a self,
+        handle: &'a tokio::runtime::Handle,
+        stop: &'a tokio_util::sync::CancellationToken,
+    ) -> crate::pack_reads::Fetcher<'a> {
+        crate::pack_reads::Fetcher::new(handle, &self.inner.store, &self.inner.pack_reads, stop)
     }
 
     pub(crate) fn keys(&self) -> &RepoKeys {

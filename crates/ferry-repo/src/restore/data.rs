@@ -1,5 +1,6 @@
 //! Restore workers: fetch the blobs of a batch of file ranges with few, coalesced reads (several
-//! in flight at once, see [`crate::pack_reads`]), verify them, and write them in place.
+//! in flight at once, see [`crate::pack_reads`]), verify them, and write them in place; the
+//! next batch's reads start while the current one's last blobs are written (see [`work`]).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -9,10 +10,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use bytes::Bytes;
+
 use super::frames::{Claim, Claims, FrameKey};
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobOpener, ChunkRef, Frame, Metadata, ObjectKind, open_blob};
-use crate::pack_reads::{self, Span};
+use crate::pack_reads::{self, Fetcher, PackRead, Queue, Span};
 use crate::repo::BlobLocation;
 use crate::restore::Shared;
 use crate::restore::fsops::{self, Warnings};
@@ -48,10 +51,79 @@ struct Want {
     offset: u64,
 }
 
-/// Writes one batch: the blobs alone and the frames nobody else has are fetched with few
-/// merged reads, the frames opened already taken as they are, and the frames another batch
-/// is fetching waited for, after (see [`super::frames`]).
-pub(crate) fn restore_batch(shared: &Shared, batch: Batch) -> RepoResult<()> {
+/// A batch with its first round decided (see [`super::frames`]) and its reads planned; its
+/// worker may have started them while it wrote the batch before.
+pub(crate) struct Prepared<'s> {
+    batch: Batch,
+    /// Its first round, until it is fetched.
+    round: Option<Round<'s>>,
+    /// Then the frames it waits for (each with the number of the claim it waits for).
+    waiting: Groups,
+}
+
+/// One round of a batch: the frames it claimed, the blobs it fetches (sorted, with the merged
+/// reads that cover them), and the frames it waits for.
+struct Round<'s> {
+    claims: Claims<'s>,
+    fetch: Vec<Want>,
+    reads: Vec<PackRead>,
+    queue: Queue,
+    /// With the number of the claim each waits for.
+    waiting: Vec<(u64, Want)>,
+}
+
+/// Restores the batches `rx` brings until it is closed. While a batch's last reads are in
+/// flight and it writes their blobs, the next batch is taken (if one is queued already) and
+/// its reads started within the worker's bounds, so a worker's link need not go idle for a
+/// round trip between batches (it still does after a batch that waits for another's frames,
+/// unless its next batch was taken ahead already).
+///
+/// A worker waits for frames other batches fetch (see [`super::frames`]) only once every
+/// batch it holds has fetched what it claimed: the batch taken ahead, its reads in flight, is
+/// fetched (and its frames published) before the current one waits. So a worker that waits
+/// holds no frame another could wait for, and no two workers can wait for each other.
+pub(crate) fn work(shared: &Shared, rx: &crossbeam_channel::Receiver<Batch>) -> RepoResult<()> {
+    let mut fetcher = shared.repo.fetcher(&shared.handle, &shared.stop);
+    let mut ahead: Option<Prepared<'_>> = None;
+    loop {
+        let mut current = match ahead.take() {
+            Some(prepared) => prepared,
+            None => match rx.recv() {
+                Ok(batch) => prepare(shared, batch)?,
+                Err(_) => return Ok(()),
+            },
+        };
+        let mut take_ahead = |fetcher: &mut Fetcher<'_>| {
+            if ahead.is_none()
+                && let Ok(batch) = rx.try_recv()
+            {
+                ahead = Some(prepare(shared, batch)?);
+            }
+            if let Some(Prepared { round: Some(next), .. }) = &mut ahead {
+                fetcher.start(&next.reads, &mut next.queue);
+            }
+            Ok(())
+        };
+        current.fetch(shared, &mut fetcher, &mut take_ahead)?;
+        // Its reads are all taken: room for more of the next batch's.
+        take_ahead(&mut fetcher)?;
+        if !current.waiting.is_empty()
+            && let Some(next) = &mut ahead
+        {
+            // The frames the current batch waits for are taken as they come (between the next
+            // batch's reads, once those are all started), so fewer are evicted meanwhile.
+            let (batch, waiting) = (&current.batch, &mut current.waiting);
+            next.fetch(shared, &mut fetcher, &mut |_| {
+                *waiting = write_ready(shared, batch, std::mem::take(waiting))?;
+                Ok(())
+            })?;
+        }
+        finish_batch(shared, &mut fetcher, current)?;
+    }
+}
+
+/// Looks up a batch's blobs and decides its first round.
+pub(crate) fn prepare(shared: &Shared, batch: Batch) -> RepoResult<Prepared<'_>> {
     let mut wants = Vec::new();
     for (i, item) in batch.iter().enumerate() {
         for (offset, chunk) in &item.chunks {
@@ -76,17 +148,53 @@ pub(crate) fn restore_batch(shared: &Shared, batch: Batch) -> RepoResult<()> {
             wants.push(Want { loc, chunk: *chunk, item: i, offset: *offset });
         }
     }
-    for round in 1..=ROUNDS {
-        wants = restore_round(shared, &batch, wants, round == ROUNDS)?;
-        if wants.is_empty() {
-            break;
+    let round = Round::decide(shared, &batch, wants, false)?;
+    Ok(Prepared { batch, round: Some(round), waiting: Groups::new() })
+}
+
+impl<'s> Prepared<'s> {
+    /// Fetches and writes the blobs of the first round (once), publishing the frames it
+    /// claimed, and writes those of the frames others have published meanwhile; `idle` is
+    /// called as in [`Fetcher::drain`].
+    fn fetch(
+        &mut self,
+        shared: &Shared,
+        fetcher: &mut Fetcher<'_>,
+        idle: &mut dyn FnMut(&mut Fetcher<'_>) -> RepoResult<()>,
+    ) -> RepoResult<()> {
+        if let Some(round) = self.round.take() {
+            let waiting = round.run(shared, &self.batch, fetcher, idle)?;
+            self.waiting = write_ready(shared, &self.batch, group(waiting))?;
         }
+        Ok(())
     }
-    if !wants.is_empty() {
+}
+
+/// Ends a fetched batch: waits for the frames other batches are fetching and writes their
+/// blobs; a frame waited for in vain (its fetch abandoned, or the frame evicted) is fetched
+/// in a second, last round, which waits for nothing. Then each item is finished.
+fn finish_batch(
+    shared: &Shared,
+    fetcher: &mut Fetcher<'_>,
+    prepared: Prepared<'_>,
+) -> RepoResult<()> {
+    let Prepared { batch, round, waiting } = prepared;
+    if round.is_some() {
         return Err(RepoError::Internal {
             what: "restore",
-            reason: format!("{} blobs left unwritten after the last round", wants.len()),
+            reason: "a batch was finished before it was fetched".into(),
         });
+    }
+    let again = wait_for(shared, &batch, waiting)?;
+    if !again.is_empty() {
+        let last = Round::decide(shared, &batch, again, true)?;
+        let left = last.run(shared, &batch, fetcher, &mut |_| Ok(()))?;
+        if !left.is_empty() {
+            return Err(RepoError::Internal {
+                what: "restore",
+                reason: format!("{} blobs left unwritten after the last round", left.len()),
+            });
+        }
     }
     for item in batch {
         finish_item(shared, item)?;
@@ -94,86 +202,141 @@ pub(crate) fn restore_batch(shared: &Shared, batch: Batch) -> RepoResult<()> {
     Ok(())
 }
 
-/// Rounds of claims a batch makes: a frame it waited for that was then abandoned or evicted
-/// is claimed again in the next round; the last round fetches what is left itself.
-const ROUNDS: usize = 3;
-
-/// One round of a batch: fetches the blobs alone and the frames it claims, writes the frames
-/// found opened, then waits for the frames other batches are fetching. Returns the wants of
-/// the frames it waited for in vain (abandoned or evicted), for the next round; the last
-/// round waits for none.
-fn restore_round(
-    shared: &Shared,
-    batch: &Batch,
-    wants: Vec<Want>,
-    last: bool,
-) -> RepoResult<Vec<Want>> {
-    let mut claims = Claims::new(&shared.frames);
-    let mut decided: HashMap<FrameKey, Claim> = HashMap::new();
-    let (mut fetch, mut ready, mut waiting) = (Vec::new(), Vec::new(), Vec::new());
-    for w in wants {
-        if w.loc.kind != ObjectKind::FramedData {
-            fetch.push(w);
-            continue;
-        }
-        let key = (w.loc.pack, w.loc.offset);
-        match decided.entry(key).or_insert_with(|| shared.frames.claim(key)) {
-            Claim::Fetch => {
-                if !claims.open.contains(&key) {
-                    claims.open.push(key);
-                }
+impl<'s> Round<'s> {
+    /// Claims the frames of `wants` nobody has (see [`super::frames`]), writes the blobs of
+    /// those opened already (a local write each, so the batch holds them no longer than that,
+    /// outside the kept memory once evicted), and plans the reads of the blobs to fetch; in
+    /// the `last` round, the frames another batch is fetching are fetched too, not waited
+    /// for.
+    fn decide(shared: &'s Shared, batch: &Batch, wants: Vec<Want>, last: bool) -> RepoResult<Self> {
+        let mut claims = Claims::new(&shared.frames);
+        let mut decided: HashMap<FrameKey, Claim> = HashMap::new();
+        let (mut fetch, mut waiting) = (Vec::new(), Vec::new());
+        for w in wants {
+            if w.loc.kind != ObjectKind::FramedData {
                 fetch.push(w);
+                continue;
             }
-            Claim::Ready(frame) => ready.push((Arc::clone(frame), w)),
-            Claim::Wait if last => fetch.push(w),
-            Claim::Wait => waiting.push(w),
+            let key = (w.loc.pack, w.loc.offset);
+            match decided.entry(key).or_insert_with(|| shared.frames.claim(key)) {
+                Claim::Fetch => {
+                    if !claims.open.contains(&key) {
+                        claims.open.push(key);
+                    }
+                    fetch.push(w);
+                }
+                Claim::Ready(frame) => write_framed(shared, batch, frame, &w)?,
+                Claim::Wait(_) if last => fetch.push(w),
+                Claim::Wait(claim) => waiting.push((*claim, w)),
+            }
         }
+        fetch.sort_by_key(|w| (w.loc.pack, w.loc.offset, w.chunk.id));
+        let mut reads = pack_reads::plan(&fetch, |w| Span::from(&w.loc))?;
+        // The reads of frames other batches may wait for go first.
+        reads.sort_by_cached_key(|read| {
+            !fetch[read.wants.clone()].iter().any(|w| {
+                w.loc.kind == ObjectKind::FramedData
+                    && claims.open.contains(&(w.loc.pack, w.loc.offset))
+            })
+        });
+        Ok(Self { claims, fetch, reads, queue: Queue::default(), waiting })
     }
-    drop(decided);
-    // The frames opened already first (a local write each), so the batch holds them no
-    // longer than that, outside the kept memory once evicted.
-    for (frame, w) in ready {
-        write_framed(shared, batch, &frame, &w)?;
+
+    /// Fetches the blobs with merged reads and writes them, publishing the frames it claimed
+    /// as they are opened. Returns the wants of the frames other batches are fetching, to
+    /// wait for: every frame this round claimed is published by then (or abandoned).
+    fn run(
+        self,
+        shared: &Shared,
+        batch: &Batch,
+        fetcher: &mut Fetcher<'_>,
+        idle: &mut dyn FnMut(&mut Fetcher<'_>) -> RepoResult<()>,
+    ) -> RepoResult<Vec<(u64, Want)>> {
+        let Self { mut claims, fetch, reads, mut queue, waiting } = self;
+        let keys = shared.repo.keys();
+        let each = |read: &PackRead, bytes: Bytes| {
+            let mut opener = BlobOpener::default();
+            let mut last: Option<(crate::format::BlobId, Vec<u8>)> = None;
+            for w in &fetch[read.wants.clone()] {
+                let sealed = read.sealed(&bytes, Span::from(&w.loc))?;
+                let corrupt = |e| RepoError::corrupt(blob_in(w), e);
+                if w.loc.kind == ObjectKind::FramedData {
+                    let at = (w.loc.pack, w.loc.offset);
+                    let (frame, fresh) = opener.frame(keys, at, sealed).map_err(corrupt)?;
+                    if fresh && claims.open.contains(&at) {
+                        claims.publish(at, Arc::clone(frame));
+                    }
+                    write_framed(shared, batch, frame, w)?;
+                    continue;
+                }
+                let raw = match &last {
+                    Some((id, raw)) if *id == w.chunk.id => raw,
+                    _ => {
+                        let raw =
+                            open_blob(keys, &w.chunk.id, w.loc.kind, sealed).map_err(corrupt)?;
+                        &last.insert((w.chunk.id, raw)).1
+                    }
+                };
+                write_want(shared, batch, w, raw)?;
+            }
+            Ok(())
+        };
+        fetcher.drain(&reads, &mut queue, each, idle)?;
+        drop(claims);
+        Ok(waiting)
     }
-    fetch_and_write(shared, batch, &mut fetch, &mut claims)?;
-    // Every frame claimed is published by now (or abandoned here): none left for others to
-    // wait on while this batch waits.
-    drop(claims);
-    waiting.sort_by_key(|w| (w.loc.pack, w.loc.offset, w.chunk.id));
-    let mut groups: Vec<Vec<Want>> = Vec::new();
-    for w in waiting {
+}
+
+/// The wants of `waiting` grouped by frame, in the order of their frames. A batch decides
+/// once per frame, so the wants of one frame wait for one claim.
+type Groups = Vec<(FrameKey, u64, Vec<Want>)>;
+
+/// Groups `waiting` by frame.
+fn group(mut waiting: Vec<(u64, Want)>) -> Groups {
+    waiting.sort_by_key(|(_, w)| (w.loc.pack, w.loc.offset, w.chunk.id));
+    let mut groups: Groups = Vec::new();
+    for (claim, w) in waiting {
+        let key = (w.loc.pack, w.loc.offset);
         match groups.last_mut() {
-            Some(group)
-                if (group[0].loc.pack, group[0].loc.offset) == (w.loc.pack, w.loc.offset) =>
-            {
-                group.push(w);
-            }
-            _ => groups.push(vec![w]),
+            Some((k, _, group)) if *k == key => group.push(w),
+            _ => groups.push((key, claim, vec![w])),
         }
     }
-    // The frames published while this batch fetched are taken at once, before it blocks on
-    // the others (they could be evicted meanwhile).
+    groups
+}
+
+/// Writes the blobs of the frames of `waiting` published already; returns the others.
+fn write_ready(shared: &Shared, batch: &Batch, waiting: Groups) -> RepoResult<Groups> {
     let mut blocked = Vec::new();
-    for group in groups {
-        match shared.frames.ready((group[0].loc.pack, group[0].loc.offset)) {
+    for (key, claim, group) in waiting {
+        match shared.frames.ready(key) {
             Some(frame) => {
                 for w in &group {
                     write_framed(shared, batch, &frame, w)?;
                 }
             }
-            None => blocked.push(group),
+            None => blocked.push((key, claim, group)),
         }
     }
+    Ok(blocked)
+}
+
+/// Waits for the frames other batches are fetching (each for the claim it was told of, see
+/// [`super::frames::SharedFrames::wait`]) and writes their blobs: those published meanwhile
+/// first, at once (they could be evicted while the batch blocks on the others). Returns the
+/// wants of the frames waited for in vain (the fetch failed elsewhere, or the frame was
+/// evicted), for the last round.
+fn wait_for(shared: &Shared, batch: &Batch, waiting: Groups) -> RepoResult<Vec<Want>> {
+    let blocked = write_ready(shared, batch, waiting)?;
     let mut again = Vec::new();
-    for mut group in blocked {
-        match shared.frames.wait((group[0].loc.pack, group[0].loc.offset), &shared.stop) {
+    for (key, claim, mut group) in blocked {
+        match shared.frames.wait(key, claim, &shared.stop) {
             Some(frame) => {
                 for w in &group {
                     write_framed(shared, batch, &frame, w)?;
                 }
             }
             None if shared.stop.is_cancelled() => return Err(RepoError::Cancelled),
-            // Its fetch failed elsewhere, or it was evicted: claim it again.
             None => again.append(&mut group),
         }
     }
@@ -193,55 +356,6 @@ fn blob_in(w: &Want) -> String {
     let pack = crate::repo::layout::pack(&w.loc.pack)
         .map_or_else(|_| w.loc.pack.to_string(), |k| k.to_string());
     format!("data blob {} in pack {pack}", w.chunk.id)
-}
-
-/// Fetches `wants` with merged reads and writes them; publishes the frames of `claims` as
-/// they are opened.
-fn fetch_and_write(
-    shared: &Shared,
-    batch: &Batch,
-    wants: &mut [Want],
-    claims: &mut Claims<'_>,
-) -> RepoResult<()> {
-    if wants.is_empty() {
-        return Ok(());
-    }
-    wants.sort_by_key(|w| (w.loc.pack, w.loc.offset, w.chunk.id));
-    let mut reads = pack_reads::plan(wants, |w| Span::from(&w.loc))?;
-    // The reads of frames other batches may wait for go first.
-    reads.sort_by_cached_key(|read| {
-        !wants[read.wants.clone()].iter().any(|w| {
-            w.loc.kind == ObjectKind::FramedData
-                && claims.open.contains(&(w.loc.pack, w.loc.offset))
-        })
-    });
-    let keys = shared.repo.keys();
-    shared.repo.fetch_packs_in_order(&shared.handle, &reads, &shared.stop, |read, bytes| {
-        let mut opener = BlobOpener::default();
-        let mut last: Option<(crate::format::BlobId, Vec<u8>)> = None;
-        for w in &wants[read.wants.clone()] {
-            let sealed = read.sealed(&bytes, Span::from(&w.loc))?;
-            let corrupt = |e| RepoError::corrupt(blob_in(w), e);
-            if w.loc.kind == ObjectKind::FramedData {
-                let at = (w.loc.pack, w.loc.offset);
-                let (frame, fresh) = opener.frame(keys, at, sealed).map_err(corrupt)?;
-                if fresh && claims.open.contains(&at) {
-                    claims.publish(at, Arc::clone(frame));
-                }
-                write_framed(shared, batch, frame, w)?;
-                continue;
-            }
-            let raw = match &last {
-                Some((id, raw)) if *id == w.chunk.id => raw,
-                _ => {
-                    let raw = open_blob(keys, &w.chunk.id, w.loc.kind, sealed).map_err(corrupt)?;
-                    &last.insert((w.chunk.id, raw)).1
-                }
-            };
-            write_want(shared, batch, w, raw)?;
-        }
-        Ok(())
-    })
 }
 
 /// Writes one blob's bytes where `w` wants them, after checking their length.

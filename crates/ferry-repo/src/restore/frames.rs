@@ -7,8 +7,9 @@
 //! moment): on the Linux tree a restore downloaded 1.9 times the repository.
 //!
 //! Here the first batch that needs a frame claims it and fetches it; a batch that needs a frame
-//! another one is fetching waits for it (after fetching its own, so no two batches can wait
-//! for each other). A frame already opened is handed over at once. Opened frames are kept
+//! another one is fetching waits for that claim, only once its worker has fetched every frame
+//! it claimed, for this batch and for the one it took ahead (see [`super::data::work`]), so no
+//! two workers can wait for each other. A frame already opened is handed over at once. Opened frames are kept
 //! within [`KEEP_BYTES`] of memory (plaintext and table), the first published evicted first
 //! (a use does not keep a frame longer); a frame evicted, or whose fetch failed, is claimed
 //! again by whoever needs it next.
@@ -33,15 +34,17 @@ pub(crate) type FrameKey = (PackId, u32);
 pub(crate) enum Claim {
     /// Nobody has it: fetch it, then [`SharedFrames::publish`] or [`SharedFrames::abandon`].
     Fetch,
-    /// Another batch is fetching it: [`SharedFrames::wait`] for it.
-    Wait,
+    /// Another batch is fetching it: [`SharedFrames::wait`] for it. The number names that
+    /// batch's claim.
+    Wait(u64),
     /// Opened already: here it is (held, so no eviction takes it from the batch).
     Ready(Arc<Frame>),
 }
 
 #[derive(Debug)]
 enum Slot {
-    Fetching,
+    /// Claimed: the claim's number.
+    Fetching(u64),
     Ready(Arc<Frame>, usize),
 }
 
@@ -51,6 +54,8 @@ struct State {
     /// Ready frames, oldest first.
     order: VecDeque<FrameKey>,
     bytes: usize,
+    /// Claims made so far (each claim's number).
+    claims: u64,
 }
 
 /// The frames of one restore. See the module documentation.
@@ -94,9 +99,11 @@ impl SharedFrames {
         let mut state = self.lock();
         match state.slots.get(&key) {
             Some(Slot::Ready(frame, _)) => Claim::Ready(Arc::clone(frame)),
-            Some(Slot::Fetching) => Claim::Wait,
+            Some(Slot::Fetching(n)) => Claim::Wait(*n),
             None => {
-                state.slots.insert(key, Slot::Fetching);
+                state.claims += 1;
+                let n = state.claims;
+                state.slots.insert(key, Slot::Fetching(n));
                 Claim::Fetch
             }
         }
@@ -107,7 +114,7 @@ impl SharedFrames {
     /// not claimed (or published already) is left as it is.
     pub(crate) fn publish(&self, key: FrameKey, frame: Arc<Frame>) {
         let mut state = self.lock();
-        let Some(slot @ Slot::Fetching) = state.slots.get_mut(&key) else { return };
+        let Some(slot @ Slot::Fetching(_)) = state.slots.get_mut(&key) else { return };
         let bytes = frame.memory();
         *slot = Slot::Ready(frame, bytes);
         state.order.push_back(key);
@@ -125,7 +132,7 @@ impl SharedFrames {
     /// Gives up a claim (the fetch failed): whoever waits fetches it then.
     pub(crate) fn abandon(&self, key: FrameKey) {
         let mut state = self.lock();
-        if matches!(state.slots.get(&key), Some(Slot::Fetching)) {
+        if matches!(state.slots.get(&key), Some(Slot::Fetching(_))) {
             state.slots.remove(&key);
         }
         drop(state);
@@ -140,14 +147,21 @@ impl SharedFrames {
         }
     }
 
-    /// The frame, once the batch fetching it has published it; `None` when that fetch was
-    /// abandoned or the frame evicted (fetch it then), or the restore stops.
-    pub(crate) fn wait(&self, key: FrameKey, stop: &CancellationToken) -> Option<Arc<Frame>> {
+    /// The frame, once the batch whose claim is numbered `claim` has published it; `None`
+    /// when that fetch was abandoned or the frame evicted (fetch it then), or the restore
+    /// stops. Only the claim it was told of is waited for: a later claim of the frame (after
+    /// an abandon or an eviction) is not, and the waiter fetches the frame in its last round.
+    pub(crate) fn wait(
+        &self,
+        key: FrameKey,
+        claim: u64,
+        stop: &CancellationToken,
+    ) -> Option<Arc<Frame>> {
         let mut state = self.lock();
         loop {
             match state.slots.get(&key) {
                 Some(Slot::Ready(frame, _)) => return Some(Arc::clone(frame)),
-                Some(Slot::Fetching) if !stop.is_cancelled() => {}
+                Some(Slot::Fetching(n)) if *n == claim && !stop.is_cancelled() => {}
                 _ => return None,
             }
             let waited = self.changed.wait_timeout(state, Duration::from_millis(100));
@@ -206,10 +220,10 @@ mod tests {
         let frames = SharedFrames::keeping(KEEP_BYTES);
         let key = (PackId([1; 32]), 10);
         assert!(matches!(frames.claim(key), Claim::Fetch));
-        assert!(matches!(frames.claim(key), Claim::Wait));
+        let Claim::Wait(claim) = frames.claim(key) else { panic!("claimed already") };
         let stop = CancellationToken::new();
         std::thread::scope(|scope| {
-            let waiter = scope.spawn(|| frames.wait(key, &stop).map(|f| f.len()));
+            let waiter = scope.spawn(|| frames.wait(key, claim, &stop).map(|f| f.len()));
             std::thread::sleep(Duration::from_millis(50));
             frames.publish(key, frame(1));
             assert_eq!(waiter.join().ok().flatten(), Some(1), "the waiter gets the frame");
@@ -226,16 +240,48 @@ mod tests {
             let mut claims = Claims::new(&frames);
             assert!(matches!(frames.claim(key), Claim::Fetch));
             claims.open.push(key);
+            let Claim::Wait(claim) = frames.claim(key) else { panic!("claimed already") };
             std::thread::scope(|scope| {
-                let waiter = scope.spawn(|| frames.wait(key, &stop).is_none());
+                let waiter = scope.spawn(|| frames.wait(key, claim, &stop).is_none());
                 std::thread::sleep(Duration::from_millis(50));
                 drop(claims);
                 assert_eq!(waiter.join().ok(), Some(true));
             });
         }
         assert!(matches!(frames.claim(key), Claim::Fetch), "free to fetch again");
+        let Claim::Wait(claim) = frames.claim(key) else { panic!("claimed again") };
         stop.cancel();
-        assert!(frames.wait(key, &stop).is_none(), "a stopped restore does not wait");
+        assert!(frames.wait(key, claim, &stop).is_none(), "a stopped restore does not wait");
+    }
+
+    #[test]
+    fn a_waiter_does_not_wait_for_a_claim_made_after_the_one_it_was_told_of() {
+        let frames = SharedFrames::keeping(KEEP_BYTES);
+        let key = (PackId([6; 32]), 0);
+        let stop = CancellationToken::new();
+        assert!(matches!(frames.claim(key), Claim::Fetch));
+        let Claim::Wait(first) = frames.claim(key) else { panic!("claimed already") };
+        frames.abandon(key);
+        assert!(matches!(frames.claim(key), Claim::Fetch), "claimed again, by a later batch");
+        // Never published: a waiter of the later claim would wait until the restore stops.
+        let gave_up = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for _ in 0..100 {
+                    if stop.is_cancelled() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                stop.cancel();
+            });
+            let got = frames.wait(key, first, &stop);
+            let gave_up = got.is_none() && !stop.is_cancelled();
+            stop.cancel();
+            gave_up
+        });
+        assert!(gave_up, "gave up at its own claim's end");
+        let Claim::Wait(second) = frames.claim(key) else { panic!("claimed") };
+        assert_ne!(first, second);
     }
 
     #[test]

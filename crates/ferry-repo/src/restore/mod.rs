@@ -4,7 +4,8 @@
 //! creates each regular file empty at its final size, and sends its content as batches of file
 //! ranges to worker threads. Workers fetch the blobs of a batch with few merged ranged reads,
 //! authenticate and verify each, and write it at its offset (holes are never written, so
-//! sparse files stay sparse). The worker that finishes a file's last range sets its metadata;
+//! sparse files stay sparse); a worker starts the reads of its next batch while it writes the
+//! end of the current one. The worker that finishes a file's last range sets its metadata;
 //! directory metadata is set in a final pass, deepest first.
 //!
 //! Snapshot data is treated as hostile: names must be single components, strictly ascending
@@ -106,12 +107,26 @@ pub(crate) struct Shared {
     failure: Mutex<Option<RepoError>>,
 }
 
-/// Files per batch so that every batch in flight (`threads` being written, twice that queued,
-/// one being planned) fits in `fd_limit` open files beside [`FDS_RESERVED`].
+/// Files per batch so that every batch in flight (`threads` being written, as many taken
+/// ahead, `2 × threads` queued in the channel, one being planned) fits in `fd_limit` open
+/// files beside [`FDS_RESERVED`].
 fn batch_items(fd_limit: u64, threads: usize) -> usize {
-    let batches = 3 * threads.max(1) as u64 + 1;
+    let batches = 4 * threads.max(1) as u64 + 1;
     let per_batch = fd_limit.saturating_sub(FDS_RESERVED) / batches;
     usize::try_from(per_batch).unwrap_or(usize::MAX).clamp(1, BATCH_ITEMS)
+}
+
+/// Files per batch in this crate's unit tests, when not 0 (smaller batches make more of them,
+/// and change nothing of what is written).
+#[cfg(test)]
+pub(crate) static BATCH_ITEMS_FOR_TESTS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+fn batch_items_for_tests() -> Option<usize> {
+    #[cfg(test)]
+    return Some(BATCH_ITEMS_FOR_TESTS.load(Ordering::Relaxed)).filter(|n| *n > 0);
+    #[cfg(not(test))]
+    None
 }
 
 impl Shared {
@@ -238,7 +253,7 @@ async fn restore_leased(
         owners: options.owners.unwrap_or_else(|| nix::unistd::geteuid().is_root()),
         policy: fidelity::Policy::new(options.fidelity),
         progress: Counters::default(),
-        batch_items: batch_items(fd_limit, threads),
+        batch_items: batch_items_for_tests().unwrap_or_else(|| batch_items(fd_limit, threads)),
         frames: frames::SharedFrames::default(),
         warnings: Mutex::new(Vec::new()),
         failure: Mutex::new(None),
@@ -318,11 +333,8 @@ fn run(
         for _ in 0..threads.max(1) {
             let rx = rx.clone();
             scope.spawn(move || {
-                while let Ok(batch) = rx.recv() {
-                    if let Err(e) = data::restore_batch(shared, batch) {
-                        shared.fail(e);
-                        return;
-                    }
+                if let Err(e) = data::work(shared, &rx) {
+                    shared.fail(e);
                 }
             });
         }

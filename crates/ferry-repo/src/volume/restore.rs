@@ -542,7 +542,8 @@ fn zero_gaps(shared: &Shared, work: &Work, range: Range<usize>, zeros: &[u8]) ->
 fn write_reads(shared: &Shared, work: &Work, range: Range<usize>) -> RepoResult<()> {
     let progress = &shared.progress;
     let reads = &work.reads[range];
-    shared.repo.fetch_packs_in_order(&shared.handle, reads, &shared.stop, |read, bytes| {
+    let mut fetcher = shared.repo.fetcher(&shared.handle, &shared.stop);
+    pack_reads::fetch_in_order(&mut fetcher, reads, |read, bytes| {
         let mut opener = BlobOpener::default();
         for w in &work.wants[read.wants.clone()] {
             let (offset, chunk) = &work.chunks[w.chunk as usize];
