@@ -9,10 +9,10 @@
 //! Here the first batch that needs a frame claims it and fetches it; a batch that needs a frame
 //! another one is fetching waits for that claim, only once its worker has fetched every frame
 //! it claimed, for this batch and for the one it took ahead (see [`super::data::work`]), so no
-//! two workers can wait for each other. A frame already opened is handed over at once. Opened frames are kept
-//! within [`KEEP_BYTES`] of memory (plaintext and table), the first published evicted first
-//! (a use does not keep a frame longer); a frame evicted, or whose fetch failed, is claimed
-//! again by whoever needs it next.
+//! two workers can wait for each other. A frame already opened is handed over at once. Opened
+//! frames are kept within [`KEEP_BYTES`] of memory (plaintext and table), the first published
+//! evicted first (a use does not keep a frame longer); a frame evicted, or whose fetch failed,
+//! is claimed again by whoever needs it next.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
