@@ -382,10 +382,9 @@ fn write_want(shared: &Shared, batch: &Batch, w: &Want, raw: &[u8]) -> RepoResul
 
 /// Files at least this large have their writeback started as each of their items (about
 /// [`super::BATCH_BYTES`]) is written: the disk writes them while the restore goes on, and the
-/// syncfs that ends it has less left (left to the kernel, a restore smaller than its dirty-page
-/// threshold, a tenth of the memory, would be written only by that syncfs). Smaller files are
-/// left to it: a call per small file cost the Linux tree (78,579 files) 15 % more time, in
-/// system calls and small early writes.
+/// syncfs that ends it has less left. Smaller files are left to the flusher, which syncs the
+/// file system every [`super::flush::FLUSH_BYTES`] written: a call per small file cost the
+/// Linux tree (78,579 files) 15 % more time, in system calls and small early writes.
 pub(crate) const WRITE_BACK_BYTES: u64 = 8 << 20;
 
 /// Counts a finished item, starting its file's writeback (see [`WRITE_BACK_BYTES`]; a disk
@@ -399,7 +398,7 @@ pub(crate) fn finish_item(shared: &Shared, item: Item) -> RepoResult<()> {
     if item.file.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
         let mut warnings = Warnings::default();
         let f = &item.file;
-        fsops::apply_fd(&f.file, &f.meta, shared, &f.path.display().to_string(), &mut warnings)
+        fsops::apply_fd(&f.file, &f.meta, shared, &f.path.display(), &mut warnings)
             .map_err(|e| RepoError::io("set metadata of", &f.path, e))?;
         shared.warn(warnings);
         shared.progress.files_done.fetch_add(1, Ordering::Relaxed);

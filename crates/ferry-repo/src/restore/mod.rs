@@ -6,7 +6,8 @@
 //! authenticate and verify each, and write it at its offset (holes are never written, so
 //! sparse files stay sparse); a worker starts the reads of its next batch while it writes the
 //! end of the current one. The worker that finishes a file's last range sets its metadata;
-//! directory metadata is set in a final pass, deepest first.
+//! directory metadata is set in a final pass, deepest first. A flusher thread syncs the target's
+//! file system as the data comes in, and the restore ends with a last sync (see [`flush`]).
 //!
 //! Snapshot data is treated as hostile: names must be single components, strictly ascending
 //! (so never duplicated) within and across a directory's pages; every file-system call is
@@ -15,6 +16,7 @@
 
 mod data;
 mod fidelity;
+mod flush;
 mod frames;
 mod fsops;
 mod plan;
@@ -329,13 +331,25 @@ fn run(
         _ => None,
     };
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(threads * 2);
+    // Each worker and the planner hold a sender: the flusher ends when they all have.
+    let (running, flush_rx) = crossbeam_channel::bounded::<()>(0);
     let counts = std::thread::scope(|scope| {
+        let flusher =
+            std::thread::Builder::new().name("restore-flush".into()).spawn_scoped(scope, || {
+                if let Err(e) = flush::flusher(shared, &root_fd, target, &flush_rx) {
+                    shared.fail(e);
+                }
+            });
+        if let Err(e) = flusher {
+            shared.fail(RepoError::io("start restore flusher", target, e));
+        }
         for _ in 0..threads.max(1) {
-            let rx = rx.clone();
+            let (rx, running) = (rx.clone(), running.clone());
             scope.spawn(move || {
                 if let Err(e) = data::work(shared, &rx) {
                     shared.fail(e);
                 }
+                drop(running);
             });
         }
         drop(rx);
@@ -343,6 +357,7 @@ fn run(
         let planner = std::thread::Builder::new().stack_size(crate::sys::DEEP_STACK).spawn_scoped(
             scope,
             || {
+                let _running = running;
                 let mut p = plan::Planner {
                     shared,
                     tx,
@@ -381,7 +396,7 @@ fn run(
     }
     let Some(pages) = pages else {
         // One entry restored (`--path` of a file): flushed all the same.
-        flush(&root_fd, target)?;
+        flush::flush(&root_fd, target)?;
         return Ok(counts);
     };
     // Directory metadata last, deepest first, once nothing more is written into them.
@@ -391,26 +406,12 @@ fn run(
             dir_metadata(shared, &root_fd, pages, target, 0, &mut warnings)
         })
     })?;
-    fsops::apply_fd(
-        &root_fd.as_fd(),
-        &root.meta,
-        shared,
-        &target.display().to_string(),
-        &mut warnings,
-    )
-    .map_err(|e| RepoError::io("set metadata of", target, e))?;
+    fsops::apply_fd(&root_fd.as_fd(), &root.meta, shared, &target.display(), &mut warnings)
+        .map_err(|e| RepoError::io("set metadata of", target, e))?;
     shared.warn(warnings);
-    flush(&root_fd, target)?;
+    flush::flush(&root_fd, target)?;
     counts.dirs += 1;
     Ok(counts)
-}
-
-/// Everything written reaches the disk before the restore says it is done: a write-back error
-/// is this restore's failure, not a later unmount's. `root` was opened before any file was
-/// written, so syncfs reports every error since (Linux 5.8 and later).
-fn flush(root: &impl AsFd, target: &Path) -> RepoResult<()> {
-    nix::unistd::syncfs(root.as_fd())
-        .map_err(|e| RepoError::io("flush the restored files of", target, fsops::err(e)))
 }
 
 /// Iterates a directory's entries page by page, checking order across pages.
@@ -463,7 +464,7 @@ fn dir_metadata(
             let sub = fsops::open_dir(fd, &node.name)
                 .map_err(|e| RepoError::io("open directory", &child, e))?;
             dir_metadata(shared, &sub, pages, &child, depth + 1, warnings)?;
-            fsops::apply_fd(&sub, &node.meta, shared, &child.display().to_string(), warnings)
+            fsops::apply_fd(&sub, &node.meta, shared, &child.display(), warnings)
                 .map_err(|e| RepoError::io("set metadata of", &child, e))?;
         }
         Ok(())

@@ -389,6 +389,78 @@ async fn a_confined_restore_withholds_devices_root_set_id_bits_and_privileged_xa
     Ok(())
 }
 
+/// Owners and modes are set only where the created file differs (see `fsops::apply_fd`):
+/// whether a file was made with them already (a root-owned 0644 file under umask 022) or not
+/// (another owner, bits the umask takes away, set-ID bits, none at all), each ends exact, and
+/// so do empty files (finished by the planner, not a worker) and the owner of a directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_and_modes_end_exact_whether_or_not_the_file_was_created_with_them() -> RepoResult<()>
+{
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    assert!(nix::unistd::geteuid().is_root(), "needs root: owners");
+    let repo = repo().await?;
+    let with = |mut n: Node, mode: u32, uid: u32, gid: u32| {
+        n.meta = Metadata { mode, uid, gid, ..Metadata::default() };
+        n
+    };
+    let empty = || NodeBody::File(FileContent { size: 0, extents: None, chunks: vec![] });
+    let cases: [(&[u8], u32, u32, u32, bool); 12] = [
+        (b"plain", 0o644, 0, 0, false),
+        (b"exec", 0o755, 0, 0, false),
+        (b"group-write", 0o666, 0, 0, false),
+        (b"group-only", 0o640, 0, 0, false),
+        (b"others-only", 0o604, 0, 0, false),
+        (b"none", 0o000, 0, 0, false),
+        (b"setgid", 0o2755, 0, 0, false),
+        (b"user", 0o644, 1000, 1001, false),
+        (b"user-only", 0o600, 1000, 0, false),
+        (b"group-changed", 0o644, 0, 1001, false),
+        (b"user-setuid", 0o4750, 1000, 1001, false),
+        (b"empty-user", 0o640, 1000, 1001, true),
+    ];
+    let mut entries = Vec::new();
+    for (name, mode, uid, gid, is_empty) in cases {
+        let body = if is_empty { empty() } else { file(&repo, name).await? };
+        entries.push(with(node(name, body), mode, uid, gid));
+    }
+    entries.push(with(node(b"owned-dir", NodeBody::Dir { pages: vec![] }), 0o750, 7, 8));
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    let id = snapshot_of(&repo, vec![entries]).await?;
+    let out = tempfile::tempdir().map_err(|e| RepoError::io("tempdir", "/tmp", e))?;
+    let cancel = CancellationToken::new();
+    restore(&repo, &id, out.path(), &RestoreOptions::default(), None, &cancel).await?;
+    let stat = |name: &[u8]| -> RepoResult<(u32, u32, u32)> {
+        let path = out.path().join(std::ffi::OsStr::from_bytes(name));
+        let m = std::fs::symlink_metadata(&path).map_err(|e| RepoError::io("stat", &path, e))?;
+        Ok((m.mode() & 0o7777, m.uid(), m.gid()))
+    };
+    for (name, mode, uid, gid, _) in cases {
+        assert_eq!(stat(name)?, (mode, uid, gid), "{}", String::from_utf8_lossy(name));
+    }
+    assert_eq!(stat(b"owned-dir")?, (0o750, 7, 8));
+    Ok(())
+}
+
+#[test]
+fn files_are_created_with_their_final_bits_only_where_no_one_gains_meanwhile() {
+    for (mode, created) in [
+        (0o644, 0o644),
+        (0o755, 0o755),
+        (0o700, 0o700),
+        (0o666, 0o666),
+        (0o4755, 0o755),
+        (0o1777, 0o777),
+        (0o640, 0o600),
+        (0o604, 0o600),
+        (0o664, 0o600),
+        (0o077, 0o600),
+        (0o000, 0o000),
+    ] {
+        assert_eq!(fsops::created_mode(mode), created, "{mode:o}");
+    }
+}
+
 /// Holds ranged reads back, so that batches overlap.
 #[derive(Debug)]
 struct Slow;
