@@ -38,7 +38,7 @@ pub(super) async fn put_if_absent(
     until_cancelled(cancel, inner.conditional_writes_honoured()).await?;
     let writer = format!("{:032x}", rand::random::<u128>());
     if data.len() as u64 <= inner.options.multipart_threshold {
-        return until_cancelled(cancel, inner.put_single(key, data, &writer)).await;
+        return until_cancelled(cancel, inner.put_single(key, data, &writer, Ours::Ask)).await;
     }
     // Uploading many MiB only to learn the key exists is wasteful; the condition on
     // completion still decides races.
@@ -75,6 +75,15 @@ enum Completion {
     Conflict(crate::StoreError),
 }
 
+/// Whether a refused write may have met its own object (an attempt that committed but whose
+/// answer was lost, then retried), which only a `HeadObject` tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ours {
+    Ask,
+    /// The caller knows it cannot: the conditional-write probe's second write.
+    Never,
+}
+
 /// How a conditional write was refused.
 enum Refusal {
     /// 412: an object has the key.
@@ -102,9 +111,13 @@ impl Inner {
                 let nonce = format!("{:032x}", rand::random::<u128>());
                 let key = ObjectKey::new(format!("probe/conditional-{nonce}"))
                     .map_err(|e| self.backend_error("probe".into(), &e.to_string()))?;
-                let first = self.put_single(&key, Bytes::from_static(b"first"), &nonce).await?;
-                let second =
-                    self.put_single(&key, Bytes::from_static(b"second"), "another").await?;
+                let first =
+                    self.put_single(&key, Bytes::from_static(b"first"), &nonce, Ours::Ask).await?;
+                // A server that overwrites would overwrite again on a retry: a refusal of the
+                // second write is the answer, whatever its attempt, with no need to ask.
+                let second = self
+                    .put_single(&key, Bytes::from_static(b"second"), "another", Ours::Never)
+                    .await?;
                 if let Err(e) = self.delete(&key).await {
                     tracing::warn!(%e, key = %key, "could not delete the conditional-write probe");
                 }
@@ -127,6 +140,7 @@ impl Inner {
         key: &ObjectKey,
         data: Bytes,
         writer: &str,
+        ours: Ours,
     ) -> StoreResult<PutOutcome> {
         let mut backoff = Backoff::new(&self.options);
         loop {
@@ -150,6 +164,7 @@ impl Inner {
                 Err(err) => err,
             };
             match refusal(&err) {
+                Refusal::Exists if ours == Ours::Never => return Ok(PutOutcome::AlreadyExists),
                 Refusal::Exists => return self.refused_unless_ours(key, writer).await,
                 Refusal::Conflict if backoff.pause().await => {}
                 _ => return Err(self.site().error(format!("put {key}"), None, err)),

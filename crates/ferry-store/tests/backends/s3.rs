@@ -358,6 +358,26 @@ async fn a_server_that_ignores_conditional_writes_is_refused_before_any_write() 
     assert_eq!(listed.key_count(), Some(0), "the probe is cleaned up");
 }
 
+/// The probe before a store's first create costs two writes and a delete: the refusal of its
+/// second write is the answer, with no `HeadObject` to ask whose object it met (a server that
+/// overwrites would overwrite on a retry too); the create itself follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conditional_write_probe_asks_no_more_than_it_needs() {
+    let moto = MotoServer::shared();
+    let bucket = unique_bucket();
+    create_bucket(&admin_client(&moto.endpoint()), &bucket).await;
+    // A request line nothing sends: the relay only logs.
+    let (relay, seen) = relay::conflict_injecting(moto.addr(), "NONE /".into()).await;
+    let store = store_through(relay, &bucket).await;
+    let created = store.put_if_absent(&key("config"), data(10, 1), &live()).await;
+    assert!(matches!(created, Ok(PutOutcome::Created)), "{created:?}");
+    let probe = format!("/{bucket}/probe/conditional-");
+    assert_eq!(seen.count(&format!("PUT {probe}")), 2, "{:?}", seen.requests);
+    assert_eq!(seen.count(&format!("DELETE {probe}")), 1, "{:?}", seen.requests);
+    assert_eq!(seen.count("HEAD "), 0, "{:?}", seen.requests);
+    assert_eq!(seen.count(&format!("PUT /{bucket}/config")), 1, "{:?}", seen.requests);
+}
+
 /// S3 answers a `CompleteMultipartUpload` that raced another conditional write with `409
 /// ConditionalRequestConflict`; that upload is spent. The store aborts it and uploads again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
