@@ -135,29 +135,39 @@ pub(crate) fn ensure_dir(dir: &OwnedFd, name: &[u8]) -> io::Result<OwnedFd> {
 }
 
 /// Creates a fresh regular file at `name` (replacing whatever was there) for writing, with the
-/// permission bits [`created_mode`] gives for the file's final `mode`.
-pub(crate) fn create_file(dir: &OwnedFd, name: &[u8], mode: u32) -> io::Result<std::fs::File> {
+/// permission bits [`created_mode`] gives for the file's final metadata `meta`.
+pub(crate) fn create_file(
+    dir: &OwnedFd,
+    name: &[u8],
+    meta: &Metadata,
+) -> io::Result<std::fs::File> {
     let fd = create_replacing(dir, name, || {
         open_beneath(
             dir,
             name,
             OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
-            Mode::from_bits_truncate(created_mode(mode)),
+            Mode::from_bits_truncate(created_mode(meta)),
         )
     })?;
     Ok(std::fs::File::from(fd))
 }
 
-/// The permission bits a file that ends with `mode` is created with (the umask applies). A file
+/// The permission bits a file that ends with `meta` is created with (the umask applies). A file
 /// being written belongs to the restore's user and group (or a set-group-ID directory's) until
 /// its metadata is set, so its final bits are safe to give it only when they let no one do
 /// more meanwhile than the final file will: the same bits for group and others (whoever gets
 /// them, as either, gets them in the end), none beyond the owner's (the final owner is one of
-/// the others meanwhile), no set-ID or sticky bits. Then setting its metadata usually leaves
-/// the mode as it is (see [`apply_fd`]): 0644 and 0755 qualify. Otherwise 0600.
-pub(crate) fn created_mode(mode: u32) -> u32 {
+/// the others meanwhile), and no xattrs (an access ACL can give a user or group less than
+/// others get). Set-ID and sticky bits are left to [`apply_fd`]. Then setting its metadata
+/// usually leaves the mode as it is: 0644 and 0755 qualify. Otherwise 0600.
+pub(crate) fn created_mode(meta: &Metadata) -> u32 {
+    let mode = meta.mode;
     let (user, group, other) = ((mode >> 6) & 0o7, (mode >> 3) & 0o7, mode & 0o7);
-    if group == other && other & !user == 0 { mode & 0o777 } else { 0o600 }
+    if meta.xattrs.is_empty() && group == other && other & !user == 0 {
+        mode & 0o777
+    } else {
+        0o600
+    }
 }
 
 /// Creates a special node (fifo, device, socket) at `name`, replacing whatever was there.

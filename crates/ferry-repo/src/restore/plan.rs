@@ -196,8 +196,8 @@ impl Planner<'_> {
                 self.dir(&Arc::new(sub), &loc.child(&node.name), pages, &path, depth + 1)?;
             }
             NodeBody::File(content) | NodeBody::Volume { content, .. } => {
-                let file = fsops::create_file(dir, &node.name, node.meta.mode)
-                    .map_err(io("create file"))?;
+                let file =
+                    fsops::create_file(dir, &node.name, &node.meta).map_err(io("create file"))?;
                 // Dense files reach their size as they are written; only files ending in a hole
                 // (or empty ones being replaced) need the size set.
                 if content.extents.is_some() || self.shared.sparse {

@@ -394,8 +394,7 @@ async fn a_confined_restore_withholds_devices_root_set_id_bits_and_privileged_xa
 /// (another owner, bits the umask takes away, set-ID bits, none at all), each ends exact, and
 /// so do empty files (finished by the planner, not a worker) and the owner of a directory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn owners_and_modes_end_exact_whether_or_not_the_file_was_created_with_them() -> RepoResult<()>
-{
+async fn owners_and_modes_end_exact_however_the_file_was_created() -> RepoResult<()> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
     assert!(nix::unistd::geteuid().is_root(), "needs root: owners");
@@ -405,7 +404,7 @@ async fn owners_and_modes_end_exact_whether_or_not_the_file_was_created_with_the
         n
     };
     let empty = || NodeBody::File(FileContent { size: 0, extents: None, chunks: vec![] });
-    let cases: [(&[u8], u32, u32, u32, bool); 12] = [
+    let cases: [(&[u8], u32, u32, u32, bool); 13] = [
         (b"plain", 0o644, 0, 0, false),
         (b"exec", 0o755, 0, 0, false),
         (b"group-write", 0o666, 0, 0, false),
@@ -413,6 +412,7 @@ async fn owners_and_modes_end_exact_whether_or_not_the_file_was_created_with_the
         (b"others-only", 0o604, 0, 0, false),
         (b"none", 0o000, 0, 0, false),
         (b"setgid", 0o2755, 0, 0, false),
+        (b"with-xattr", 0o644, 0, 0, false),
         (b"user", 0o644, 1000, 1001, false),
         (b"user-only", 0o600, 1000, 0, false),
         (b"group-changed", 0o644, 0, 1001, false),
@@ -422,7 +422,11 @@ async fn owners_and_modes_end_exact_whether_or_not_the_file_was_created_with_the
     let mut entries = Vec::new();
     for (name, mode, uid, gid, is_empty) in cases {
         let body = if is_empty { empty() } else { file(&repo, name).await? };
-        entries.push(with(node(name, body), mode, uid, gid));
+        let mut n = with(node(name, body), mode, uid, gid);
+        if name == b"with-xattr" {
+            n.meta.xattrs = vec![note()];
+        }
+        entries.push(n);
     }
     entries.push(with(node(b"owned-dir", NodeBody::Dir { pages: vec![] }), 0o750, 7, 8));
     entries.sort_by(|a, b| a.name.cmp(&b.name));
@@ -442,8 +446,13 @@ async fn owners_and_modes_end_exact_whether_or_not_the_file_was_created_with_the
     Ok(())
 }
 
+fn note() -> crate::format::Xattr {
+    crate::format::Xattr { name: b"user.note".to_vec(), value: b"v".to_vec() }
+}
+
 #[test]
 fn files_are_created_with_their_final_bits_only_where_no_one_gains_meanwhile() {
+    let meta = |mode| Metadata { mode, ..Metadata::default() };
     for (mode, created) in [
         (0o644, 0o644),
         (0o755, 0o755),
@@ -457,8 +466,11 @@ fn files_are_created_with_their_final_bits_only_where_no_one_gains_meanwhile() {
         (0o077, 0o600),
         (0o000, 0o000),
     ] {
-        assert_eq!(fsops::created_mode(mode), created, "{mode:o}");
+        assert_eq!(fsops::created_mode(&meta(mode)), created, "{mode:o}");
     }
+    // An access ACL (an xattr) can give someone less than others get: never early.
+    let with_xattr = Metadata { xattrs: vec![note()], ..meta(0o644) };
+    assert_eq!(fsops::created_mode(&with_xattr), 0o600);
 }
 
 /// Holds ranged reads back, so that batches overlap.

@@ -114,7 +114,8 @@ impl Inner {
                 let first =
                     self.put_single(&key, Bytes::from_static(b"first"), &nonce, Ours::Ask).await?;
                 // A server that overwrites would overwrite again on a retry: a refusal of the
-                // second write is the answer, whatever its attempt, with no need to ask.
+                // second write is the answer, whatever its attempt, with no need to ask (for a
+                // server that decides every write alike, which is all one probe can judge).
                 let second = self
                     .put_single(&key, Bytes::from_static(b"second"), "another", Ours::Never)
                     .await?;
