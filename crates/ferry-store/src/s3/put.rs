@@ -79,6 +79,7 @@ enum Completion {
 /// answer was lost, then retried), which only a `HeadObject` tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ours {
+    /// It may have: a refusal asks whose object the key holds.
     Ask,
     /// The caller knows it cannot: the conditional-write probe's second write.
     Never,
