@@ -68,7 +68,7 @@ impl Envelope {
 
     /// Options for an open trying `hint` first.
     pub(crate) fn open_options(&self, hint: Option<KeyId>) -> OpenOptions {
-        OpenOptions { hint, key_wrapper: self.wrapper() }
+        OpenOptions { hint, key_wrapper: self.wrapper(), ..OpenOptions::default() }
     }
 
     /// `init` with this envelope's KMS.

@@ -146,7 +146,8 @@ async fn the_first_backup_creates_the_repository_under_the_kms_key() {
         }
         other => panic!("the password alone must not open it, got {other:?}"),
     }
-    let through = OpenOptions { hint: None, key_wrapper: Some(aws_kms(&endpoint, &arn).await) };
+    let through =
+        OpenOptions { key_wrapper: Some(aws_kms(&endpoint, &arn).await), ..OpenOptions::default() };
     let repo = Repository::open_with(store, PASSWORD.as_bytes(), &through, &cancel)
         .await
         .expect("the password and the KMS key open it");
@@ -221,7 +222,8 @@ async fn a_rotation_with_kms_set_moves_a_repository_under_the_key() {
 
     let opened = world.source().open(BSL, SOURCE_NS, &cancel).await.expect("rotated");
     assert_eq!(opened.repo.kms_key_id(), Some(arn.as_str()));
-    let through = OpenOptions { hint: None, key_wrapper: Some(aws_kms(&endpoint, &arn).await) };
+    let through =
+        OpenOptions { key_wrapper: Some(aws_kms(&endpoint, &arn).await), ..OpenOptions::default() };
     let repo = Repository::open_with(Arc::clone(&store), PASSWORD.as_bytes(), &through, &cancel)
         .await
         .expect("the new password and the KMS key open it");

@@ -77,6 +77,10 @@ impl ObjectStore for AnyStore {
         dispatch!(self, s => s.put_if_absent(key, data, cancel).await)
     }
 
+    async fn prepare_creates(&self, cancel: &CancellationToken) -> StoreResult<()> {
+        dispatch!(self, s => s.prepare_creates(cancel).await)
+    }
+
     async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes> {
         dispatch!(self, s => s.get(key, cancel).await)
     }

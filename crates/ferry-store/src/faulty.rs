@@ -176,6 +176,10 @@ impl<S: ObjectStore> ObjectStore for FaultyStore<S> {
             .await
     }
 
+    async fn prepare_creates(&self, cancel: &CancellationToken) -> StoreResult<()> {
+        self.inner.prepare_creates(cancel).await
+    }
+
     async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes> {
         self.run(format!("get {key}"), false, cancel, self.inner.get(key, cancel)).await
     }

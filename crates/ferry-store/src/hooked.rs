@@ -109,6 +109,10 @@ impl<H: Hook> ObjectStore for Hooked<H> {
         self.around(Call::Put(key), || self.inner.put_if_absent(key, data, cancel)).await
     }
 
+    async fn prepare_creates(&self, cancel: &CancellationToken) -> StoreResult<()> {
+        self.inner.prepare_creates(cancel).await
+    }
+
     async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes> {
         self.around(Call::Get(key), || self.inner.get(key, cancel)).await
     }

@@ -120,6 +120,18 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
         cancel: &CancellationToken,
     ) -> StoreResult<PutOutcome>;
 
+    /// Does now what the first [`ObjectStore::put_if_absent`] would do before its write (the
+    /// S3 store checks, once, that the server refuses a second conditional write), so a
+    /// caller about to create objects can overlap that with other work. Stores with nothing
+    /// to check do nothing. Writes nothing that stays.
+    ///
+    /// # Errors
+    /// As [`ObjectStore::put_if_absent`]. A failure is not remembered: the next create checks
+    /// again.
+    async fn prepare_creates(&self, _cancel: &CancellationToken) -> StoreResult<()> {
+        Ok(())
+    }
+
     /// Reads a whole object, whatever its size. For objects whose size is not known to be
     /// sane (anything in a bucket others can write to), use [`ObjectStore::get_at_most`].
     ///
@@ -199,6 +211,10 @@ impl<T: ObjectStore + ?Sized> ObjectStore for Arc<T> {
         cancel: &CancellationToken,
     ) -> StoreResult<PutOutcome> {
         (**self).put_if_absent(key, data, cancel).await
+    }
+
+    async fn prepare_creates(&self, cancel: &CancellationToken) -> StoreResult<()> {
+        (**self).prepare_creates(cancel).await
     }
 
     async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes> {

@@ -3,6 +3,7 @@
 
 use std::io::Write;
 
+use anyhow::Context;
 use ferry_repo::format::{Node, NodeBody};
 use ferry_repo::{RepoError, SnapshotKind};
 use serde::Serialize;
@@ -117,7 +118,8 @@ pub async fn ls(args: &LsArgs, cancel: &CancellationToken) -> anyhow::Result<()>
     let repo = open_repo(&args.repo, cancel).await?;
     let id =
         crate::snapshot_arg::find(&repo, &args.snapshot, Some(SnapshotKind::Tree), cancel).await?;
-    let snapshot = repo.load_snapshot(&id, cancel).await?;
+    let snapshot =
+        repo.load_snapshot(&id, cancel).await.with_context(|| format!("reading snapshot {id}"))?;
     if !matches!(snapshot.root.body, NodeBody::Dir { .. }) {
         anyhow::bail!("snapshot {id} is not a directory snapshot: it has no files to list");
     }

@@ -53,7 +53,32 @@ pub(crate) async fn open_repo(
     args: &RepoArgs,
     cancel: &CancellationToken,
 ) -> anyhow::Result<Repository> {
-    let repo = open_repo_uncached(args, cancel).await?;
+    open_repo_for(args, Creates::No, cancel).await
+}
+
+/// [`open_repo`] for a command that will create objects (a backup or a restore writes a
+/// lease): the store's one-time check before its first create runs while the repository
+/// opens.
+pub(crate) async fn open_repo_writing(
+    args: &RepoArgs,
+    cancel: &CancellationToken,
+) -> anyhow::Result<Repository> {
+    open_repo_for(args, Creates::Yes, cancel).await
+}
+
+/// Whether the command will create objects in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Creates {
+    No,
+    Yes,
+}
+
+async fn open_repo_for(
+    args: &RepoArgs,
+    creates: Creates,
+    cancel: &CancellationToken,
+) -> anyhow::Result<Repository> {
+    let repo = open_repo_uncached_for(args, creates, cancel).await?;
     if let Some(options) = cache_options(&args.cache, &StoreUrl::parse(&args.repo)?) {
         repo.set_cache(&options);
     }
@@ -65,9 +90,21 @@ pub(crate) async fn open_repo_uncached(
     args: &RepoArgs,
     cancel: &CancellationToken,
 ) -> anyhow::Result<Repository> {
+    open_repo_uncached_for(args, Creates::No, cancel).await
+}
+
+async fn open_repo_uncached_for(
+    args: &RepoArgs,
+    creates: Creates,
+    cancel: &CancellationToken,
+) -> anyhow::Result<Repository> {
     let password = password::read(args.password_file.as_deref())?;
     let store = open_store(args).await?;
-    let options = OpenOptions { hint: None, key_wrapper: key_wrapper(args).await? };
+    let options = OpenOptions {
+        hint: None,
+        key_wrapper: key_wrapper(args).await?,
+        prepare_creates: creates == Creates::Yes,
+    };
     Repository::open_with(store, &password, &options, cancel).await.map_err(|e| {
         let needs_kms = matches!(e, RepoError::KmsKeyNeeded { .. });
         let how = if needs_kms { " (give --kms-key-id or FERRY_KMS_KEY_ID)" } else { "" };
@@ -158,7 +195,7 @@ pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Re
         }
         return crate::volume_cmds::backup(args, cancel).await;
     }
-    let repo = open_repo(&args.repo, cancel).await?;
+    let repo = open_repo_writing(&args.repo, cancel).await?;
     let source = std::fs::canonicalize(&args.path)
         .with_context(|| format!("backup source {}", args.path.display()))?;
     warn_of_absolute_excludes(&exclude, &source);
@@ -256,7 +293,7 @@ fn warn_of_absolute_excludes(patterns: &[String], source: &Path) {
 }
 
 pub async fn restore(args: &RestoreArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
-    let repo = open_repo(&args.repo, cancel).await?;
+    let repo = open_repo_writing(&args.repo, cancel).await?;
     let id: SnapshotId = crate::snapshot_arg::find(&repo, &args.snapshot, None, cancel).await?;
     // A path inside the snapshot only exists in a tree; the library says so for a volume.
     if args.path.is_none()

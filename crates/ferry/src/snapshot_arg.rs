@@ -10,7 +10,9 @@ pub(crate) const LATEST: &str = "latest";
 
 /// Resolves a snapshot argument; `latest` is the newest snapshot in the repository (of
 /// `kind`, when given), named on stderr with its source and host so a shared repository
-/// holds no surprise.
+/// holds no surprise. A full id is taken as it is, without listing the snapshots (a round
+/// trip to the store): the callers (`restore`, `ls`) load the snapshot next, and that load
+/// says when it does not exist.
 pub(crate) async fn find(
     repo: &Repository,
     query: &str,
@@ -27,6 +29,8 @@ pub(crate) async fn find(
             eprintln!("ferry: latest is {}", describe(&id, &s));
             Ok(id)
         })
+    } else if let Ok(id) = SnapshotId::from_hex(query) {
+        Ok(id)
     } else {
         repo.find_snapshot(query, cancel).await.map_err(anyhow::Error::from)
     };
@@ -63,8 +67,11 @@ pub(crate) async fn find_parent(
             Ok(parent.map(|(id, _)| id))
         }
         Some(query) => {
-            let id = find(repo, query, Some(kind), cancel)
+            // Listed even when the id is whole: a parent that is not there is named as such.
+            let id = repo
+                .find_snapshot(query, cancel)
                 .await
+                .with_context(|| format!("finding snapshot {query}"))
                 .context("finding the parent snapshot")?;
             Ok(Some(id))
         }

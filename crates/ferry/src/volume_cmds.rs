@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{BackupArgs, RestoreArgs};
 use crate::progress;
-use crate::repo_cmds::open_repo;
+use crate::repo_cmds::open_repo_writing;
 
 /// Whether `backup PATH` makes a volume snapshot: PATH is a block device, or `--volume` was
 /// given (then PATH must be a block device or a regular file).
@@ -51,7 +51,7 @@ struct VolumeBackupJson {
 }
 
 pub async fn backup(args: &BackupArgs, cancel: &CancellationToken) -> anyhow::Result<()> {
-    let repo = open_repo(&args.repo, cancel).await?;
+    let repo = open_repo_writing(&args.repo, cancel).await?;
     let source = std::fs::canonicalize(&args.path)
         .with_context(|| format!("backup source {}", args.path.display()))?;
     let host = args.host.clone().unwrap_or_else(ferry_repo::hostname);

@@ -184,6 +184,36 @@ impl Lease {
         Ok(Self { state, stop, refresher: Some(refresher) })
     }
 
+    /// [`Lease::acquire`] for a restore, with `preload` running meanwhile (over a network the
+    /// lease's write costs a round trip, which then overlaps the preload's).
+    ///
+    /// `preload` must only read what garbage collection never deletes (a snapshot manifest:
+    /// only `forget` removes one). The index must be loaded after this returns, under the
+    /// lease, as `FORMAT.md` (*Garbage collection*) requires.
+    ///
+    /// Both run to their end, so a lease that was written is never left behind: it is
+    /// released when `preload` fails.
+    ///
+    /// # Errors
+    /// The lease's failure first (as if it had been taken before anything was read), else
+    /// `preload`'s.
+    pub(crate) async fn acquire_while<T>(
+        repo: &Repository,
+        what: &'static str,
+        preload: impl std::future::Future<Output = RepoResult<T>>,
+        cancel: &CancellationToken,
+    ) -> RepoResult<(Self, T)> {
+        let acquire = Self::acquire(repo, WRITERS, what, repo.lease_ttl(), cancel);
+        match tokio::join!(acquire, preload) {
+            (Err(e), _) => Err(e),
+            (Ok(lease), Err(e)) => {
+                lease.release().await;
+                Err(e)
+            }
+            (Ok(lease), Ok(loaded)) => Ok((lease, loaded)),
+        }
+    }
+
     pub(crate) fn holder(&self) -> HolderId {
         self.state.holder
     }

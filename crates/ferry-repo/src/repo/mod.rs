@@ -149,7 +149,8 @@ impl Repository {
         cancel: &CancellationToken,
     ) -> RepoResult<(Self, InitOutcome)> {
         let config_key = layout::config()?;
-        let open = OpenOptions { hint: None, key_wrapper: options.key_wrapper.clone() };
+        let open =
+            OpenOptions { key_wrapper: options.key_wrapper.clone(), ..OpenOptions::default() };
         if store
             .head(&config_key, cancel)
             .await
@@ -370,15 +371,23 @@ impl Repository {
         Ok(index)
     }
 
-    /// Reloads the index if other writers added index files since it was loaded.
+    /// Reloads the index if other writers added index files, or garbage collection changed
+    /// them or its marks, since it was loaded.
+    ///
+    /// The marks are listed first, then `index/`: the loaded index is kept only if both
+    /// show what it was loaded from. In that order a sweep cannot slip between the two
+    /// listings unseen: a mark that is gone by the first was swept, and its sweep wrote the
+    /// compacted index file before it deleted anything, so the second shows that file. (The
+    /// other order, or both at once, could miss a whole sweep run between them, of a mark
+    /// made before the caller's lease and so not waiting for it.)
     pub(crate) async fn refresh_index(
         &self,
         cancel: &CancellationToken,
     ) -> RepoResult<Arc<MemIndex>> {
         let mut slot = self.inner.index.lock().await;
         if let Some(index) = slot.as_ref() {
-            let ids = self.index_ids(cancel).await?;
             let marks = crate::gc::mark_ids(self, cancel).await?;
+            let ids = self.index_ids(cancel).await?;
             if ids.iter().all(|id| index.files().contains(id))
                 && index.files().len() == ids.len()
                 && index.gc_marks == marks

@@ -36,6 +36,12 @@ pub struct OpenOptions {
     /// [`Repository::change_password`]) are wrapped by its key
     /// ([`KeyWrapper::key_id`]) too.
     pub key_wrapper: Option<Arc<dyn KeyWrapper>>,
+    /// The caller will create objects (back up, restore, collect: each writes a lease), so
+    /// the store's one-time check before its first create ([`ObjectStore::prepare_creates`],
+    /// a few round trips on S3) runs while the repository opens, hidden behind the key
+    /// derivation. A failed check is not an open's failure: the first create checks again
+    /// and reports it.
+    pub prepare_creates: bool,
 }
 
 /// What a key file that opens the repository gave.
@@ -100,7 +106,38 @@ impl Repository {
         options: &OpenOptions,
         cancel: &CancellationToken,
     ) -> RepoResult<Self> {
-        let config_bytes = read_config(store.as_ref(), cancel).await?;
+        if !options.prepare_creates {
+            return Self::open_unprepared(Arc::clone(&store), password, options, cancel).await;
+        }
+        let open = Self::open_unprepared(Arc::clone(&store), password, options, cancel);
+        let (opened, prepared) = tokio::join!(open, store.prepare_creates(cancel));
+        if let Err(e) = prepared {
+            tracing::debug!(error = %e, "the store's check before creates failed; the first create checks again");
+        }
+        opened
+    }
+
+    async fn open_unprepared(
+        store: Arc<dyn ObjectStore>,
+        password: &[u8],
+        options: &OpenOptions,
+        cancel: &CancellationToken,
+    ) -> RepoResult<Self> {
+        let hint = options.hint;
+        // Without a hint the key files are listed while `config` is read (one round trip
+        // less); a missing `config` still says "no repository" whatever the listing says.
+        let list_keys = || async {
+            store
+                .list(layout::KEYS, cancel)
+                .await
+                .map_err(|e| RepoError::store("list", layout::KEYS, e))
+        };
+        let (config_bytes, listed) = if hint.is_some() {
+            (read_config(store.as_ref(), cancel).await?, None)
+        } else {
+            let (config, listed) = tokio::join!(read_config(store.as_ref(), cancel), list_keys());
+            (config?, Some(listed))
+        };
         let mut search = Search {
             store: store.as_ref(),
             password,
@@ -111,7 +148,6 @@ impl Repository {
             kms_needed: BTreeSet::new(),
             kms_refused: None,
         };
-        let hint = options.hint;
         let assemble = |found: Unlocked, id: KeyId, tried: usize| {
             let wrapper = options.key_wrapper.clone();
             Self::assemble(
@@ -129,10 +165,10 @@ impl Repository {
                 return assemble(found, id, search.tried);
             }
         }
-        let listed = store
-            .list(layout::KEYS, cancel)
-            .await
-            .map_err(|e| RepoError::store("list", layout::KEYS, e))?;
+        let listed = match listed {
+            Some(listed) => listed?,
+            None => list_keys().await?,
+        };
         for meta in listed {
             // Only content-addressed names are key files (`key list` and `key remove` see no
             // others, so a key under another name could not be told apart or protected).

@@ -33,7 +33,7 @@ use nix::sys::stat::Mode;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
-use crate::format::{BlobId, Node, NodeBody, SnapshotId};
+use crate::format::{BlobId, Node, NodeBody, Snapshot, SnapshotId};
 use crate::place::Place;
 use crate::progress::{Counters, ProgressFn, Ticker};
 use crate::repo::{MemIndex, Repository};
@@ -188,15 +188,12 @@ pub async fn restore_at(
     progress: Option<ProgressFn>,
     cancel: &CancellationToken,
 ) -> RepoResult<RestoreSummary> {
-    let lease = crate::gc::Lease::acquire(
-        repo,
-        crate::gc::WRITER_LEASES,
-        "restore",
-        repo.lease_ttl(),
-        cancel,
-    )
-    .await?;
-    let result = restore_leased(repo, id, target, options, progress, cancel).await;
+    // The snapshot manifest is read while the lease is written (collection deletes no
+    // manifest); the index is loaded under the lease.
+    let (lease, snapshot) =
+        crate::gc::Lease::acquire_while(repo, "restore", repo.load_snapshot(id, cancel), cancel)
+            .await?;
+    let result = restore_leased(repo, snapshot, target, options, progress, cancel).await;
     lease.release().await;
     result
 }
@@ -220,7 +217,7 @@ fn open_target(target: Place<'_>) -> RepoResult<OwnedFd> {
 
 async fn restore_leased(
     repo: &Repository,
-    id: &SnapshotId,
+    snapshot: Snapshot,
     place: Place<'_>,
     options: &RestoreOptions,
     progress: Option<ProgressFn>,
@@ -229,7 +226,6 @@ async fn restore_leased(
     let started = Instant::now();
     let fd_limit = crate::sys::raise_fd_limit();
     let threads = crate::thread_budget::threads_or_default(options.threads);
-    let snapshot = repo.load_snapshot(id, cancel).await?;
     let index = repo.refresh_index(cancel).await?;
     let root = match &options.subtree {
         Some(path) if matches!(snapshot.root.body, NodeBody::Dir { .. }) => {

@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{
-    BlobOpener, ChunkRef, FileContent, FormatError, ObjectKind, PackId, PlacedCursor, SnapshotId,
-    SnapshotKind,
+    BlobOpener, ChunkRef, FileContent, FormatError, ObjectKind, PackId, PlacedCursor, Snapshot,
+    SnapshotId, SnapshotKind,
 };
 use crate::pack_reads::{self, PackRead, Span};
 use crate::place::Place;
@@ -132,16 +132,25 @@ pub async fn restore_volume_at(
     progress: Option<ProgressFn>,
     cancel: &CancellationToken,
 ) -> RepoResult<VolumeRestoreSummary> {
-    let lease = crate::gc::Lease::acquire(
+    // The snapshot manifest is read while the lease is written (collection deletes no
+    // manifest); the index is loaded under the lease.
+    let (lease, snapshot) = crate::gc::Lease::acquire_while(
         repo,
-        crate::gc::WRITER_LEASES,
         "volume restore",
-        repo.lease_ttl(),
+        repo.load_snapshot(id, cancel),
         cancel,
     )
     .await?;
-    let result =
-        restore_volume_leased(repo, id, target, options, progress, WINDOW_CHUNKS, cancel).await;
+    let result = restore_volume_leased(
+        repo,
+        (id, snapshot),
+        target,
+        options,
+        progress,
+        WINDOW_CHUNKS,
+        cancel,
+    )
+    .await;
     lease.release().await;
     result
 }
@@ -149,7 +158,7 @@ pub async fn restore_volume_at(
 /// [`restore_volume_at`] under its lease, `window` chunks at a time.
 async fn restore_volume_leased(
     repo: &Repository,
-    id: &SnapshotId,
+    (id, snapshot): (&SnapshotId, Snapshot),
     place: Place<'_>,
     options: &VolumeRestoreOptions,
     progress: Option<ProgressFn>,
@@ -158,7 +167,6 @@ async fn restore_volume_leased(
 ) -> RepoResult<VolumeRestoreSummary> {
     let started = Instant::now();
     let window = window.max(1);
-    let snapshot = repo.load_snapshot(id, cancel).await?;
     let object = || format!("snapshot {id}");
     let kind = snapshot.kind().map_err(|e| RepoError::corrupt(object(), e))?;
     if kind != SnapshotKind::Volume {
@@ -658,7 +666,9 @@ mod tests {
         window: usize,
     ) -> RepoResult<VolumeRestoreSummary> {
         let (options, cancel) = (VolumeRestoreOptions::default(), CancellationToken::new());
-        restore_volume_leased(repo, id, Place::Path(target), &options, None, window, &cancel).await
+        let snapshot = repo.load_snapshot(id, &cancel).await?;
+        let place = Place::Path(target);
+        restore_volume_leased(repo, (id, snapshot), place, &options, None, window, &cancel).await
     }
 
     /// What a restore wrote and zeroed, without its timing.

@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_repo::gc::{SweepReport, forget, gc, gc_mark, gc_sweep};
-use ferry_store::{FsStore, ObjectKey, ObjectStore};
+use ferry_repo::{RestoreOptions, restore};
+use ferry_store::{Call, FsStore, Hook, Hooked, ObjectKey, ObjectStore};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::*;
@@ -190,4 +191,134 @@ async fn concurrent_backups_forgets_and_collections() {
     let distinct = (1 + 2 * trees.len()) as u64 * FILE as u64;
     let data = data_bytes(store.as_ref()).await;
     assert!(data < distinct + distinct / 3, "{data} bytes stored for {distinct} distinct");
+}
+
+/// Holds lease writes (`locks/`) while `held`, and counts the index files read: a restore's
+/// start-up with its lease write stopped where a collection can run in between.
+#[derive(Debug)]
+struct LeaseHold {
+    held: tokio::sync::watch::Sender<bool>,
+    arrived: tokio::sync::watch::Sender<u64>,
+    index_reads: tokio::sync::watch::Sender<u64>,
+}
+
+#[async_trait::async_trait]
+impl Hook for LeaseHold {
+    async fn before(&self, call: Call<'_>) {
+        if matches!(call, Call::Put(key) if key.as_str().starts_with("locks/")) {
+            self.arrived.send_modify(|n| *n += 1);
+            let mut rx = self.held.subscribe();
+            let _ = tokio::time::timeout(Duration::from_secs(120), rx.wait_for(|h| !*h)).await;
+        }
+    }
+
+    fn after(&self, call: Call<'_>, ok: bool) {
+        let index = |key: &ObjectKey| key.as_str().starts_with("index/");
+        if ok && matches!(call, Call::Get(key) | Call::GetAtMost(key, _) if index(key)) {
+            self.index_reads.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+/// Waits (bounded) until `rx` reaches `n`.
+async fn reach(rx: &tokio::sync::watch::Sender<u64>, n: u64) {
+    let mut rx = rx.subscribe();
+    tokio::time::timeout(Duration::from_secs(60), rx.wait_for(|v| *v >= n))
+        .await
+        .expect("the restore got there in time")
+        .unwrap();
+}
+
+/// A restore whose lease write is held while a collection marks and sweeps: the collection
+/// does not wait for it (its lease is not there yet) and deletes a pack of the restored
+/// snapshot after copying its live blobs to a new one. The restore reads no index file before
+/// its lease exists, then restores everything from the copies; so does a handle that loaded
+/// the index long before (a long-lived agent's), which finds under its lease that the marks
+/// and index files changed and reloads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_whose_lease_a_collection_overtakes_reads_only_what_is_kept() {
+    for preloaded in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = fs_store(&dir.path().join("repo"));
+        let repo = init(Arc::clone(&store)).await;
+        // Small files, so the packs each hold dozens at random and every pack of `a` holds
+        // files of `c` beside files no other snapshot has.
+        let small = |name: &str, seeds: &mut dyn Iterator<Item = u8>| {
+            let root = dir.path().join(name);
+            std::fs::create_dir_all(&root).unwrap();
+            for seed in seeds {
+                std::fs::write(root.join(format!("f{seed}")), noise(8 << 10, seed)).unwrap();
+            }
+            root
+        };
+        let a = small("a", &mut (0..64));
+        let c = small("c", &mut (0..64).step_by(2));
+        let sa = backup(&repo, &a).await;
+        let sc = backup(&repo, &c).await;
+        assert_eq!(sc.bytes_new, 0, "every file of `c` is stored beside files of `a`");
+        forget(&repo, &[sa.snapshot_id], &CancellationToken::new()).await.unwrap();
+        let cancel = CancellationToken::new();
+
+        let hold = Arc::new(Hooked::new(
+            Arc::clone(&store),
+            LeaseHold {
+                held: tokio::sync::watch::Sender::new(false),
+                arrived: tokio::sync::watch::Sender::new(0),
+                index_reads: tokio::sync::watch::Sender::new(0),
+            },
+        ));
+        let held = open(Arc::clone(&hold) as Arc<dyn ObjectStore>).await;
+        if preloaded {
+            // The handle loads the index in a restore of its own, before anything changes.
+            assert_restores(&held, &sc.snapshot_id, &c).await;
+        }
+        let reads_before = *hold.hook().index_reads.borrow();
+        hold.hook().held.send_replace(true);
+        let target = dir.path().join("restored");
+        let restoring = {
+            let (held, id, target) = (held.clone(), sc.snapshot_id, target.clone());
+            tokio::spawn(async move {
+                let options = RestoreOptions::default();
+                restore(&held, &id, &target, &options, None, &CancellationToken::new()).await
+            })
+        };
+        reach(&hold.hook().arrived, 1).await;
+
+        let options = ferry_repo::gc::GcOptions { repack_dead_fraction: 0.2, ..gc_options() };
+        let mark = gc_mark(&repo, &options, &cancel).await.unwrap();
+        assert!(mark.repacked_packs >= 1 && mark.writers == 0, "{mark:?}");
+        let swept = gc_sweep(&repo, &options, &cancel).await.unwrap();
+        assert!(matches!(swept, SweepReport::Swept(_)), "{swept:?}");
+
+        let before_lease = *hold.hook().index_reads.borrow() - reads_before;
+        assert_eq!(before_lease, 0, "index files read before the lease existed");
+        hold.hook().held.send_replace(false);
+        let summary = restoring.await.unwrap().unwrap_or_else(|e| {
+            panic!(
+                "restore (index loaded {}): {e}",
+                if preloaded { "earlier" } else { "meanwhile" }
+            )
+        });
+        assert_eq!(summary.files, 32);
+        compare(&c, &target);
+        assert_clean(&repo).await;
+    }
+}
+
+/// A restore whose snapshot cannot be loaded (it was written while its lease was) fails with
+/// the snapshot's error and leaves no lease behind to hold garbage collection back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_that_cannot_load_its_snapshot_leaves_no_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fs_store(&dir.path().join("repo"));
+    let repo = init(Arc::clone(&store)).await;
+    let s = backup(&repo, &tree(&dir.path().join("a"), &[1])).await;
+    let cancel = CancellationToken::new();
+    forget(&repo, &[s.snapshot_id], &cancel).await.unwrap();
+    let target = dir.path().join("restored");
+    let err = restore(&repo, &s.snapshot_id, &target, &RestoreOptions::default(), None, &cancel)
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    assert_eq!(store.list("locks/", &cancel).await.unwrap(), vec![], "lease left behind");
 }

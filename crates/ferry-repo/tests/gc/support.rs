@@ -96,7 +96,7 @@ pub async fn assert_restores(repo: &Repository, id: &SnapshotId, source: &Path) 
     compare(source, target.path());
 }
 
-fn compare(a: &Path, b: &Path) {
+pub fn compare(a: &Path, b: &Path) {
     let mut names: Vec<_> = std::fs::read_dir(a).unwrap().map(|e| e.unwrap().file_name()).collect();
     names.sort();
     let mut other: Vec<_> = std::fs::read_dir(b).unwrap().map(|e| e.unwrap().file_name()).collect();

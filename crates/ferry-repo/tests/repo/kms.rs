@@ -23,7 +23,7 @@ fn with_kms(kms: Arc<dyn KeyWrapper>) -> InitOptions {
 }
 
 fn through(kms: Arc<dyn KeyWrapper>) -> OpenOptions {
-    OpenOptions { hint: None, key_wrapper: Some(kms) }
+    OpenOptions { key_wrapper: Some(kms), ..OpenOptions::default() }
 }
 
 /// The key files under `keys/`, decoded, with their object keys.
@@ -208,7 +208,8 @@ async fn a_password_repository_goes_under_a_kms_key_by_a_password_change() -> Te
     assert_eq!((other.key_id(), other.key_files_tried()), (kept_id, 1));
     let other = Repository::open(Arc::clone(&store), kept, &cancel).await?;
     assert_eq!(other.key_id(), kept_id);
-    let hinted = OpenOptions { hint: Some(new_id), key_wrapper: Some(kms) };
+    let hinted =
+        OpenOptions { hint: Some(new_id), key_wrapper: Some(kms), ..OpenOptions::default() };
     let opened = Repository::open_with(store, new, &hinted, &cancel).await?;
     assert_eq!((opened.key_id(), opened.key_files_tried()), (new_id, 1));
     let _: KeyId = new_id;

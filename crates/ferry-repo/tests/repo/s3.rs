@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use common::{TestResult, assert_same_tree, hard_cases_round_trip, noise, options, s3_store};
 use ferry_repo::{
-    BackupOptions, CheckOptions, InitOutcome, RepoError, Repository, RestoreOptions,
+    BackupOptions, CheckOptions, InitOutcome, OpenOptions, RepoError, Repository, RestoreOptions,
     VolumeBackupOptions, VolumeRestoreOptions, backup_tree, backup_volume, check, restore,
     restore_volume,
 };
@@ -46,6 +46,40 @@ async fn racing_inits_on_s3_agree_and_a_missing_repository_names_the_bucket() ->
     assert_eq!(opened.config().repo_id, ids[0]);
     let wrong = Repository::open(store, b"not the password", &cancel).await;
     assert!(matches!(wrong, Err(RepoError::WrongPassword { .. })), "{wrong:?}");
+    Ok(())
+}
+
+/// An open that prepares creates (the CLI's for a backup or a restore: the store's
+/// conditional-write probe runs while the key is derived) answers as any open does, and its
+/// probe leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_preparing_creates_answers_as_any_open() -> TestResult {
+    let cancel = CancellationToken::new();
+    let store = s3_store("repo-open-prepared", "team/b").await;
+    let prepared = OpenOptions { prepare_creates: true, ..OpenOptions::default() };
+    let missing = Repository::open_with(Arc::clone(&store), b"secret", &prepared, &cancel).await;
+    assert!(matches!(missing, Err(RepoError::NotFound { .. })), "{missing:?}");
+    Repository::init(Arc::clone(&store), b"secret", &options(), &cancel).await?;
+    let wrong = Repository::open_with(Arc::clone(&store), b"not it", &prepared, &cancel).await;
+    assert!(matches!(wrong, Err(RepoError::WrongPassword { tried: 1, .. })), "{wrong:?}");
+    let repo = Repository::open_with(Arc::clone(&store), b"secret", &prepared, &cancel).await?;
+    let source = tempfile::tempdir()?;
+    std::fs::write(source.path().join("a"), noise(10_000, 3))?;
+    let backed_up =
+        backup_tree(&repo, source.path(), &BackupOptions::default(), None, &cancel).await?;
+    let target = tempfile::tempdir()?;
+    restore(
+        &repo,
+        &backed_up.snapshot_id,
+        target.path(),
+        &RestoreOptions::default(),
+        None,
+        &cancel,
+    )
+    .await?;
+    assert_eq!(std::fs::read(target.path().join("a"))?, noise(10_000, 3));
+    let probes: Vec<_> = store.list("probe/", &cancel).await?;
+    assert!(probes.is_empty(), "{probes:?}");
     Ok(())
 }
 

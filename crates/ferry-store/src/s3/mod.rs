@@ -233,6 +233,10 @@ impl ObjectStore for S3Store {
         put::put_if_absent(&self.inner, key, data, cancel).await
     }
 
+    async fn prepare_creates(&self, cancel: &CancellationToken) -> StoreResult<()> {
+        put::prepare(&self.inner, cancel).await
+    }
+
     async fn get(&self, key: &ObjectKey, cancel: &CancellationToken) -> StoreResult<Bytes> {
         until_cancelled(cancel, self.inner.get(key, Want::Whole)).await
     }

@@ -29,13 +29,19 @@ const CREATE_GRACE: Duration = Duration::from_secs(5);
 /// meets its own object (412); this tells that apart from another writer's.
 const WRITER: &str = "ferry-writer";
 
+/// The conditional-write probe, if no earlier call made it (see
+/// [`crate::ObjectStore::prepare_creates`]).
+pub(super) async fn prepare(inner: &Inner, cancel: &CancellationToken) -> StoreResult<()> {
+    until_cancelled(cancel, inner.conditional_writes_honoured()).await
+}
+
 pub(super) async fn put_if_absent(
     inner: &Inner,
     key: &ObjectKey,
     data: Bytes,
     cancel: &CancellationToken,
 ) -> StoreResult<PutOutcome> {
-    until_cancelled(cancel, inner.conditional_writes_honoured()).await?;
+    prepare(inner, cancel).await?;
     let writer = format!("{:032x}", rand::random::<u128>());
     if data.len() as u64 <= inner.options.multipart_threshold {
         return until_cancelled(cancel, inner.put_single(key, data, &writer, Ours::Ask)).await;

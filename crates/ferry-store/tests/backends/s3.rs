@@ -378,6 +378,29 @@ async fn the_conditional_write_probe_asks_no_more_than_it_needs() {
     assert_eq!(seen.count(&format!("PUT /{bucket}/config")), 1, "{:?}", seen.requests);
 }
 
+/// `prepare_creates` makes that probe ahead of the first create, once: a second preparation
+/// sends nothing, and the create then sends only its own write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preparing_creates_probes_once_ahead_of_the_first_create() {
+    let moto = MotoServer::shared();
+    let bucket = unique_bucket();
+    create_bucket(&admin_client(&moto.endpoint()), &bucket).await;
+    let (relay, seen) = relay::conflict_injecting(moto.addr(), "NONE /".into()).await;
+    let store = store_through(relay, &bucket).await;
+    let sent = || seen.count("");
+    store.prepare_creates(&live()).await.expect("probe");
+    let probe = format!("/{bucket}/probe/conditional-");
+    assert_eq!(seen.count(&format!("PUT {probe}")), 2, "{:?}", seen.requests);
+    assert_eq!(seen.count(&format!("DELETE {probe}")), 1, "{:?}", seen.requests);
+    let after_probe = sent();
+    store.prepare_creates(&live()).await.expect("probed already");
+    assert_eq!(sent(), after_probe, "{:?}", seen.requests);
+    let created = store.put_if_absent(&key("config"), data(10, 1), &live()).await;
+    assert!(matches!(created, Ok(PutOutcome::Created)), "{created:?}");
+    assert_eq!(sent(), after_probe + 1, "{:?}", seen.requests);
+    assert_eq!(seen.count(&format!("PUT /{bucket}/config")), 1, "{:?}", seen.requests);
+}
+
 /// S3 answers a `CompleteMultipartUpload` that raced another conditional write with `409
 /// ConditionalRequestConflict`; that upload is spent. The store aborts it and uploads again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
