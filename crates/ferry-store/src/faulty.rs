@@ -177,6 +177,8 @@ impl<S: ObjectStore> ObjectStore for FaultyStore<S> {
     }
 
     async fn prepare_creates(&self, cancel: &CancellationToken) -> StoreResult<()> {
+        // Outside the fault plan: the plan numbers the caller's own calls, which an open
+        // that prepares or not makes alike.
         self.inner.prepare_creates(cancel).await
     }
 

@@ -110,6 +110,8 @@ impl<H: Hook> ObjectStore for Hooked<H> {
     }
 
     async fn prepare_creates(&self, cancel: &CancellationToken) -> StoreResult<()> {
+        // Not a call of its own to the hook: what it sends (if anything) is the wrapped
+        // store's business, and the calls a hook counts stay the caller's.
         self.inner.prepare_creates(cancel).await
     }
 

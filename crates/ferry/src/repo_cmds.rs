@@ -68,7 +68,7 @@ pub(crate) async fn open_repo_writing(
 
 /// Whether the command will create objects in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Creates {
+enum Creates {
     No,
     Yes,
 }

@@ -191,8 +191,9 @@ impl Lease {
     /// only `forget` removes one). The index must be loaded after this returns, under the
     /// lease, as `FORMAT.md` (*Garbage collection*) requires.
     ///
-    /// Both run to their end, so a lease that was written is never left behind: it is
-    /// released when `preload` fails.
+    /// Both run to their end, and the lease is released when `preload` fails. (As with
+    /// [`Lease::acquire`], a write that lands after this future is dropped leaves a key that
+    /// only expires.)
     ///
     /// # Errors
     /// The lease's failure first (as if it had been taken before anything was read), else

@@ -375,11 +375,13 @@ impl Repository {
     /// them or its marks, since it was loaded.
     ///
     /// The marks are listed first, then `index/`: the loaded index is kept only if both
-    /// show what it was loaded from. In that order a sweep cannot slip between the two
-    /// listings unseen: a mark that is gone by the first was swept, and its sweep wrote the
-    /// compacted index file before it deleted anything, so the second shows that file. (The
-    /// other order, or both at once, could miss a whole sweep run between them, of a mark
-    /// made before the caller's lease and so not waiting for it.)
+    /// show what it was loaded from. In that order no sweep that deletes an indexed pack
+    /// slips between the two listings unseen: a mark still there at the first is seen; one
+    /// gone by then was dropped unswept (a collector that stopped before its writers list) or
+    /// swept, and such a sweep stores its compacted index file before it deletes any pack,
+    /// so the second listing shows that file. (The other order, or both at once, could miss
+    /// a whole sweep run between them, of a mark made after the index was loaded but before
+    /// the caller's lease, and so not waiting for it.)
     pub(crate) async fn refresh_index(
         &self,
         cancel: &CancellationToken,

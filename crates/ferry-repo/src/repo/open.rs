@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferry_store::{KeyWrapper, KmsError, ObjectKey, ObjectStore, StoreError};
+use ferry_store::{KeyWrapper, KmsError, ObjectKey, ObjectMeta, ObjectStore, StoreError};
 use tokio_util::sync::CancellationToken;
 
 use super::capped::{self, Limit};
@@ -36,11 +36,11 @@ pub struct OpenOptions {
     /// [`Repository::change_password`]) are wrapped by its key
     /// ([`KeyWrapper::key_id`]) too.
     pub key_wrapper: Option<Arc<dyn KeyWrapper>>,
-    /// The caller will create objects (back up, restore, collect: each writes a lease), so
+    /// The caller will create objects (a backup or a restore writes a lease, for one), so
     /// the store's one-time check before its first create ([`ObjectStore::prepare_creates`],
-    /// a few round trips on S3) runs while the repository opens, hidden behind the key
-    /// derivation. A failed check is not an open's failure: the first create checks again
-    /// and reports it.
+    /// a few round trips on S3) runs while the repository opens: once `config` is found,
+    /// hidden behind the key file's read and its derivation. A failed check is not an
+    /// open's failure: the first create checks again and reports it.
     pub prepare_creates: bool,
 }
 
@@ -106,42 +106,45 @@ impl Repository {
         options: &OpenOptions,
         cancel: &CancellationToken,
     ) -> RepoResult<Self> {
+        // Without a hint `keys/` is listed while `config` is read (one round trip less); a
+        // missing `config` still says "no repository" whatever the listing says.
+        let (config_bytes, listed) = if options.hint.is_some() {
+            (read_config(store.as_ref(), cancel).await?, None)
+        } else {
+            let (config, listed) = tokio::join!(
+                read_config(store.as_ref(), cancel),
+                list_keys(store.as_ref(), cancel)
+            );
+            (config?, Some(listed))
+        };
+        let unlock = Self::unlock(&store, password, options, &config_bytes, listed, cancel);
         if !options.prepare_creates {
-            return Self::open_unprepared(Arc::clone(&store), password, options, cancel).await;
+            return unlock.await;
         }
-        let open = Self::open_unprepared(Arc::clone(&store), password, options, cancel);
-        let (opened, prepared) = tokio::join!(open, store.prepare_creates(cancel));
+        // Only now that `config` says this is a repository: the probe's writes go into no
+        // other location, and hide behind the key file's read and its derivation.
+        let (opened, prepared) = tokio::join!(unlock, store.prepare_creates(cancel));
         if let Err(e) = prepared {
             tracing::debug!(error = %e, "the store's check before creates failed; the first create checks again");
         }
         opened
     }
 
-    async fn open_unprepared(
-        store: Arc<dyn ObjectStore>,
+    /// Finds the key file that opens the repository whose `config` is `config_bytes`: the
+    /// hint first, then the key files of `listed` (listed now when it is `None`).
+    async fn unlock(
+        store: &Arc<dyn ObjectStore>,
         password: &[u8],
         options: &OpenOptions,
+        config_bytes: &Bytes,
+        listed: Option<RepoResult<Vec<ObjectMeta>>>,
         cancel: &CancellationToken,
     ) -> RepoResult<Self> {
         let hint = options.hint;
-        // Without a hint the key files are listed while `config` is read (one round trip
-        // less); a missing `config` still says "no repository" whatever the listing says.
-        let list_keys = || async {
-            store
-                .list(layout::KEYS, cancel)
-                .await
-                .map_err(|e| RepoError::store("list", layout::KEYS, e))
-        };
-        let (config_bytes, listed) = if hint.is_some() {
-            (read_config(store.as_ref(), cancel).await?, None)
-        } else {
-            let (config, listed) = tokio::join!(read_config(store.as_ref(), cancel), list_keys());
-            (config?, Some(listed))
-        };
         let mut search = Search {
             store: store.as_ref(),
             password,
-            config_bytes: &config_bytes,
+            config_bytes,
             wrapper: options.key_wrapper.as_deref(),
             cancel,
             tried: 0,
@@ -151,7 +154,7 @@ impl Repository {
         let assemble = |found: Unlocked, id: KeyId, tried: usize| {
             let wrapper = options.key_wrapper.clone();
             Self::assemble(
-                store.clone(),
+                Arc::clone(store),
                 found.master,
                 (id, found.bytes),
                 found.config,
@@ -159,26 +162,28 @@ impl Repository {
                 wrapper,
             )
         };
+        let mut seen = BTreeSet::new();
         if let Some(id) = hint {
+            seen.insert(id);
             let key = layout::key_file(&id)?;
             if let Some(found) = search.try_key(&key).await? {
                 return assemble(found, id, search.tried);
             }
         }
-        let listed = match listed {
-            Some(listed) => listed?,
-            None => list_keys().await?,
+        // A listing made alongside the `config` read may have been answered before a racing
+        // `init` wrote its key file (it writes the key file, then `config`): when it opens
+        // nothing, `keys/` is listed once more, now that `config` exists, and the key files
+        // not yet seen are tried.
+        let (first, again) = match listed {
+            Some(listed) => (listed?, true),
+            None => (list_keys(store.as_ref(), cancel).await?, false),
         };
-        for meta in listed {
-            // Only content-addressed names are key files (`key list` and `key remove` see no
-            // others, so a key under another name could not be told apart or protected).
-            let Some(id) = layout::id_of(&meta.key).map(KeyId) else { continue };
-            // A key file is a few hundred bytes: a larger object is not one (and is not
-            // downloaded). The hint was tried already.
-            if meta.size > MAX_KEY_FILE_BYTES || hint == Some(id) {
-                continue;
-            }
-            if let Some(found) = search.try_key(&meta.key).await? {
+        if let Some((id, found)) = search.try_listed(&first, &mut seen).await? {
+            return assemble(found, id, search.tried);
+        }
+        if again {
+            let listed = list_keys(store.as_ref(), cancel).await?;
+            if let Some((id, found)) = search.try_listed(&listed, &mut seen).await? {
                 return assemble(found, id, search.tried);
             }
         }
@@ -280,6 +285,29 @@ impl Search<'_> {
         }
     }
 
+    /// Tries the key files of `listed` not in `seen` (adding them), in listing order: the
+    /// first that opens the repository, with its id.
+    async fn try_listed(
+        &mut self,
+        listed: &[ObjectMeta],
+        seen: &mut BTreeSet<KeyId>,
+    ) -> RepoResult<Option<(KeyId, Unlocked)>> {
+        for meta in listed {
+            // Only content-addressed names are key files (`key list` and `key remove` see no
+            // others, so a key under another name could not be told apart or protected).
+            let Some(id) = layout::id_of(&meta.key).map(KeyId) else { continue };
+            // A key file is a few hundred bytes: a larger object is not one (and is not
+            // downloaded).
+            if meta.size > MAX_KEY_FILE_BYTES || !seen.insert(id) {
+                continue;
+            }
+            if let Some(found) = self.try_key(&meta.key).await? {
+                return Ok(Some((id, found)));
+            }
+        }
+        Ok(None)
+    }
+
     /// Why no key file opened: the KMS keys needed, when key files were skipped for want of a
     /// KMS; else the password, when it was tried and failed (with the KMS's refusal of another
     /// key file, which might have opened, said alongside); else the KMS's refusal.
@@ -294,6 +322,14 @@ impl Search<'_> {
             }
         }
     }
+}
+
+/// Lists `keys/`.
+async fn list_keys(
+    store: &dyn ObjectStore,
+    cancel: &CancellationToken,
+) -> RepoResult<Vec<ObjectMeta>> {
+    store.list(layout::KEYS, cancel).await.map_err(|e| RepoError::store("list", layout::KEYS, e))
 }
 
 /// Reads `config`, capped: missing (or the whole location missing) means no repository.

@@ -131,6 +131,57 @@ async fn a_key_file_removed_after_the_listing_is_skipped() -> RepoResult<()> {
     Ok(())
 }
 
+/// Lets a `keys/` listing through, then, before the store answers the read of `config`,
+/// initialises the repository: the key file and `config` of another node's `init` landing
+/// between an open's listing of `keys/` and its read of `config`.
+#[derive(Debug)]
+struct InitAfterListing {
+    store: Arc<dyn ObjectStore>,
+    listed: tokio::sync::watch::Sender<bool>,
+}
+
+#[async_trait::async_trait]
+impl ferry_store::Hook for InitAfterListing {
+    async fn before(&self, call: ferry_store::Call<'_>) {
+        if call.whole_read().is_some_and(|k| k.as_str() == "config") {
+            let mut listed = self.listed.subscribe();
+            let wait = listed.wait_for(|l| *l);
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(30), wait).await;
+            let (options, cancel) = (fast_options(), live());
+            let init = Repository::init(Arc::clone(&self.store), b"pw", &options, &cancel);
+            init.await.expect("the racing init");
+        }
+    }
+
+    fn after(&self, call: ferry_store::Call<'_>, _ok: bool) {
+        if matches!(call, ferry_store::Call::List(prefix) if prefix == layout::KEYS) {
+            self.listed.send_replace(true);
+        }
+    }
+}
+
+fn live() -> CancellationToken {
+    CancellationToken::new()
+}
+
+/// An open lists `keys/` while it reads `config`; when a racing `init` wrote its key file
+/// after that listing and its `config` before the read, the open lists `keys/` again rather
+/// than call the password wrong.
+#[tokio::test]
+async fn an_open_lists_the_keys_again_when_an_init_overtook_its_listing() -> RepoResult<()> {
+    for (store, _dir) in stores() {
+        let hook = InitAfterListing {
+            store: Arc::clone(&store),
+            listed: tokio::sync::watch::Sender::new(false),
+        };
+        let hooked: Arc<dyn ObjectStore> = Arc::new(ferry_store::Hooked::new(store, hook));
+        let opened = Repository::open(Arc::clone(&hooked), b"pw", &live()).await?;
+        let again = Repository::open(hooked, b"pw", &live()).await?;
+        assert_eq!(opened.config(), again.config());
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn password_change_keeps_data_readable() -> RepoResult<()> {
     let cancel = CancellationToken::new();

@@ -273,6 +273,7 @@ async fn a_restore_whose_lease_a_collection_overtakes_reads_only_what_is_kept() 
             assert_restores(&held, &sc.snapshot_id, &c).await;
         }
         let reads_before = *hold.hook().index_reads.borrow();
+        let leases_before = *hold.hook().arrived.borrow();
         hold.hook().held.send_replace(true);
         let target = dir.path().join("restored");
         let restoring = {
@@ -282,7 +283,7 @@ async fn a_restore_whose_lease_a_collection_overtakes_reads_only_what_is_kept() 
                 restore(&held, &id, &target, &options, None, &CancellationToken::new()).await
             })
         };
-        reach(&hold.hook().arrived, 1).await;
+        reach(&hold.hook().arrived, leases_before + 1).await;
 
         let options = ferry_repo::gc::GcOptions { repack_dead_fraction: 0.2, ..gc_options() };
         let mark = gc_mark(&repo, &options, &cancel).await.unwrap();
@@ -296,17 +297,18 @@ async fn a_restore_whose_lease_a_collection_overtakes_reads_only_what_is_kept() 
         let summary = restoring.await.unwrap().unwrap_or_else(|e| {
             panic!(
                 "restore (index loaded {}): {e}",
-                if preloaded { "earlier" } else { "meanwhile" }
+                if preloaded { "earlier" } else { "under its lease" }
             )
         });
         assert_eq!(summary.files, 32);
+        assert!(*hold.hook().index_reads.borrow() > reads_before, "the index was (re)loaded");
         compare(&c, &target);
         assert_clean(&repo).await;
     }
 }
 
-/// A restore whose snapshot cannot be loaded (it was written while its lease was) fails with
-/// the snapshot's error and leaves no lease behind to hold garbage collection back.
+/// A restore of a forgotten snapshot (its manifest read while the lease is written) fails
+/// with the manifest's error and leaves no lease behind to hold garbage collection back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_that_cannot_load_its_snapshot_leaves_no_lease() {
     let dir = tempfile::tempdir().unwrap();
@@ -321,4 +323,71 @@ async fn a_restore_that_cannot_load_its_snapshot_leaves_no_lease() {
         .unwrap_err();
     assert!(err.is_not_found(), "{err}");
     assert_eq!(store.list("locks/", &cancel).await.unwrap(), vec![], "lease left behind");
+}
+
+/// Once armed, holds the second of a writer's listings of `gc/` and `index/` (the two a
+/// long-lived handle makes under its lease to decide whether its index still holds) until
+/// released.
+#[derive(Debug, Default)]
+struct SecondListingHold {
+    armed: std::sync::atomic::AtomicBool,
+    listings: std::sync::atomic::AtomicU64,
+    waiting: tokio::sync::watch::Sender<u64>,
+    released: tokio::sync::watch::Sender<bool>,
+}
+
+#[async_trait::async_trait]
+impl Hook for SecondListingHold {
+    async fn before(&self, call: Call<'_>) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let watched = matches!(call, Call::List("gc/" | "index/"));
+        if watched && self.armed.load(SeqCst) && self.listings.fetch_add(1, SeqCst) == 1 {
+            self.waiting.send_replace(1);
+            let mut rx = self.released.subscribe();
+            let _ = tokio::time::timeout(Duration::from_secs(120), rx.wait_for(|r| *r)).await;
+        }
+    }
+}
+
+/// A long-lived handle's index predates a mark made before its next backup's lease, so the
+/// mark does not wait for that backup. A whole sweep then runs between the two listings with
+/// which the backup checks its index under its lease. The marks are listed first, so the
+/// backup sees the mark and reloads: it stores the swept chunks again rather than refer to
+/// deleted packs. (Listing `index/` first, the sweep would go unseen: the mark is gone by the
+/// second listing, and the first showed no new index file.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_whole_sweep_fits_unseen_between_a_writers_two_listings() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fs_store(&dir.path().join("repo"));
+    let repo = init(Arc::clone(&store)).await;
+    let hold = Arc::new(Hooked::new(Arc::clone(&store), SecondListingHold::default()));
+    let long_lived = open(Arc::clone(&hold) as Arc<dyn ObjectStore>).await;
+    let a = tree(&dir.path().join("a"), &[1, 2]);
+    let first = backup(&long_lived, &a).await;
+    // The handle's index is current: it names the first backup's index file.
+    assert_restores(&long_lived, &first.snapshot_id, &a).await;
+    let cancel = CancellationToken::new();
+    forget(&repo, &[first.snapshot_id], &cancel).await.unwrap();
+    let options = gc_options();
+    let mark = gc_mark(&repo, &options, &cancel).await.unwrap();
+    assert!(mark.condemned_packs >= 1 && mark.writers == 0, "{mark:?}");
+
+    hold.hook().armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let second = {
+        let (long_lived, a) = (long_lived.clone(), a.clone());
+        tokio::spawn(async move { backup(&long_lived, &a).await })
+    };
+    let mut waiting = hold.hook().waiting.subscribe();
+    tokio::time::timeout(Duration::from_secs(60), waiting.wait_for(|w| *w == 1))
+        .await
+        .expect("the backup listed twice in time")
+        .unwrap();
+    let swept = gc_sweep(&repo, &options, &cancel).await.unwrap();
+    assert!(matches!(swept, SweepReport::Swept(_)), "{swept:?}");
+    hold.hook().released.send_replace(true);
+
+    let second = second.await.unwrap();
+    assert_eq!(second.bytes_new, second.bytes_total, "the swept chunks are stored again");
+    assert_clean(&repo).await;
+    assert_restores(&repo, &second.snapshot_id, &a).await;
 }

@@ -385,6 +385,7 @@ async fn preparing_creates_probes_once_ahead_of_the_first_create() {
     let moto = MotoServer::shared();
     let bucket = unique_bucket();
     create_bucket(&admin_client(&moto.endpoint()), &bucket).await;
+    // A request line nothing sends: the relay only logs.
     let (relay, seen) = relay::conflict_injecting(moto.addr(), "NONE /".into()).await;
     let store = store_through(relay, &bucket).await;
     let sent = || seen.count("");
