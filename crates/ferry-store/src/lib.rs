@@ -123,8 +123,8 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     /// Does now what the first [`ObjectStore::put_if_absent`] would do before its write (the
     /// S3 store checks, once, that the server refuses a second conditional write), so a
     /// caller about to create objects can overlap that with other work. Stores with nothing
-    /// to check do nothing. What the check writes it deletes (unless it is cancelled or the
-    /// delete fails: then one small object under `probe/` stays).
+    /// to check do nothing. What the check writes it deletes (unless it is cancelled, its
+    /// second write fails, or the delete fails: then one small object under `probe/` stays).
     ///
     /// # Errors
     /// As [`ObjectStore::put_if_absent`]. A failure is not remembered: the next create checks

@@ -182,9 +182,16 @@ impl Repository {
             return assemble(found, id, search.tried);
         }
         if again {
-            let listed = list_keys(store.as_ref(), cancel).await?;
-            if let Some((id, found)) = search.try_listed(&listed, &mut seen).await? {
-                return assemble(found, id, search.tried);
+            // This listing only looks for a late key file: if it fails, the first listing's
+            // answer (a wrong password, a KMS needed) is the one to give.
+            match list_keys(store.as_ref(), cancel).await {
+                Ok(listed) => {
+                    if let Some((id, found)) = search.try_listed(&listed, &mut seen).await? {
+                        return assemble(found, id, search.tried);
+                    }
+                }
+                Err(RepoError::Cancelled) => return Err(RepoError::Cancelled),
+                Err(e) => tracing::debug!(error = %e, "listing keys/ again failed"),
             }
         }
         Err(search.failure())

@@ -131,22 +131,25 @@ async fn a_key_file_removed_after_the_listing_is_skipped() -> RepoResult<()> {
     Ok(())
 }
 
-/// Lets a `keys/` listing through, then, before the store answers the read of `config`,
-/// initialises the repository: the key file and `config` of another node's `init` landing
-/// between an open's listing of `keys/` and its read of `config`.
+/// Lets a `keys/` listing through, then, before the store answers the first read of
+/// `config`, initialises the repository: the key file and `config` of another node's `init`
+/// landing between an open's listing of `keys/` and its read of `config`.
 #[derive(Debug)]
 struct InitAfterListing {
     store: Arc<dyn ObjectStore>,
     listed: tokio::sync::watch::Sender<bool>,
+    done: std::sync::atomic::AtomicBool,
 }
 
 #[async_trait::async_trait]
 impl ferry_store::Hook for InitAfterListing {
     async fn before(&self, call: ferry_store::Call<'_>) {
-        if call.whole_read().is_some_and(|k| k.as_str() == "config") {
+        let config = call.whole_read().is_some_and(|k| k.as_str() == "config");
+        if config && !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
             let mut listed = self.listed.subscribe();
             let wait = listed.wait_for(|l| *l);
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(30), wait).await;
+            let waited = tokio::time::timeout(std::time::Duration::from_secs(30), wait).await;
+            waited.expect("the open listed keys/ in time").expect("the hook lives");
             let (options, cancel) = (fast_options(), live());
             let init = Repository::init(Arc::clone(&self.store), b"pw", &options, &cancel);
             init.await.expect("the racing init");
@@ -173,6 +176,7 @@ async fn an_open_lists_the_keys_again_when_an_init_overtook_its_listing() -> Rep
         let hook = InitAfterListing {
             store: Arc::clone(&store),
             listed: tokio::sync::watch::Sender::new(false),
+            done: std::sync::atomic::AtomicBool::new(false),
         };
         let hooked: Arc<dyn ObjectStore> = Arc::new(ferry_store::Hooked::new(store, hook));
         let opened = Repository::open(Arc::clone(&hooked), b"pw", &live()).await?;

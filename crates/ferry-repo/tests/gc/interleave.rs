@@ -334,6 +334,7 @@ struct SecondListingHold {
     listings: std::sync::atomic::AtomicU64,
     waiting: tokio::sync::watch::Sender<u64>,
     released: tokio::sync::watch::Sender<bool>,
+    held: std::sync::Mutex<Option<String>>,
 }
 
 #[async_trait::async_trait]
@@ -342,6 +343,7 @@ impl Hook for SecondListingHold {
         use std::sync::atomic::Ordering::SeqCst;
         let watched = matches!(call, Call::List("gc/" | "index/"));
         if watched && self.armed.load(SeqCst) && self.listings.fetch_add(1, SeqCst) == 1 {
+            *self.held.lock().unwrap() = Some(call.key().to_owned());
             self.waiting.send_replace(1);
             let mut rx = self.released.subscribe();
             let _ = tokio::time::timeout(Duration::from_secs(120), rx.wait_for(|r| *r)).await;
@@ -382,6 +384,8 @@ async fn no_whole_sweep_fits_unseen_between_a_writers_two_listings() {
         .await
         .expect("the backup listed twice in time")
         .unwrap();
+    // The listing held is the second of the backup's check of its index, not another.
+    assert_eq!(hold.hook().held.lock().unwrap().as_deref(), Some("index/"));
     let swept = gc_sweep(&repo, &options, &cancel).await.unwrap();
     assert!(matches!(swept, SweepReport::Swept(_)), "{swept:?}");
     hold.hook().released.send_replace(true);
