@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 
-use super::frames::{Claim, Claims, FrameKey};
+use super::frames::{Claim, Claims, Demand, FrameKey};
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobOpener, ChunkRef, Frame, Metadata, ObjectKind, open_blob};
 use crate::pack_reads::{self, Fetcher, PackRead, Queue, Span};
@@ -51,10 +51,21 @@ struct Want {
     offset: u64,
 }
 
+/// A batch as the planner sends it: its items, where their blobs are, and the frames those lie
+/// in, counted as needed until the batch has written what it needs from each (see
+/// [`super::frames`]).
+pub(crate) struct Located<'s> {
+    batch: Batch,
+    wants: Vec<Want>,
+    demand: Demand<'s>,
+}
+
 /// A batch with its first round decided (see [`super::frames`]) and its reads planned; its
 /// worker may have started them while it wrote the batch before.
 pub(crate) struct Prepared<'s> {
     batch: Batch,
+    /// The frames it has still to write blobs from.
+    demand: Demand<'s>,
     /// Its first round, until it is fetched.
     round: Option<Round<'s>>,
     /// Then the frames it waits for (each with the number of the claim it waits for).
@@ -82,22 +93,28 @@ struct Round<'s> {
 /// batch it holds has fetched what it claimed: the batch taken ahead, its reads in flight, is
 /// fetched (and its frames published) before the current one waits. So a worker that waits
 /// holds no frame another could wait for, and no two workers can wait for each other.
-pub(crate) fn work(shared: &Shared, rx: &crossbeam_channel::Receiver<Batch>) -> RepoResult<()> {
+pub(crate) fn work<'s>(
+    shared: &'s Shared,
+    rx: &crossbeam_channel::Receiver<Located<'s>>,
+) -> RepoResult<()> {
     let mut fetcher = shared.repo.fetcher(&shared.handle, &shared.stop);
     let mut ahead: Option<Prepared<'_>> = None;
     loop {
+        if shared.stop.is_cancelled() {
+            return Err(RepoError::Cancelled);
+        }
         let mut current = match ahead.take() {
             Some(prepared) => prepared,
             None => match rx.recv() {
-                Ok(batch) => prepare(shared, batch)?,
+                Ok(located) => prepare(shared, located)?,
                 Err(_) => return Ok(()),
             },
         };
         let mut take_ahead = |fetcher: &mut Fetcher<'_>| {
             if ahead.is_none()
-                && let Ok(batch) = rx.try_recv()
+                && let Ok(located) = rx.try_recv()
             {
-                ahead = Some(prepare(shared, batch)?);
+                ahead = Some(prepare(shared, located)?);
             }
             if let Some(Prepared { round: Some(next), .. }) = &mut ahead {
                 fetcher.start(&next.reads, &mut next.queue);
@@ -113,8 +130,9 @@ pub(crate) fn work(shared: &Shared, rx: &crossbeam_channel::Receiver<Batch>) -> 
             // The frames the current batch waits for are taken as they come (between the next
             // batch's reads, once those are all started), so fewer are evicted meanwhile.
             let (batch, waiting) = (&current.batch, &mut current.waiting);
+            let demand = &mut current.demand;
             next.fetch(shared, &mut fetcher, &mut |_| {
-                *waiting = write_ready(shared, batch, std::mem::take(waiting))?;
+                *waiting = write_ready(shared, batch, std::mem::take(waiting), demand)?;
                 Ok(())
             })?;
         }
@@ -122,8 +140,9 @@ pub(crate) fn work(shared: &Shared, rx: &crossbeam_channel::Receiver<Batch>) -> 
     }
 }
 
-/// Looks up a batch's blobs and decides its first round.
-pub(crate) fn prepare(shared: &Shared, batch: Batch) -> RepoResult<Prepared<'_>> {
+/// Looks up a batch's blobs (the planner does, before it sends the batch) and counts the
+/// frames they lie in as needed.
+pub(crate) fn locate(shared: &Shared, batch: Batch) -> RepoResult<Located<'_>> {
     let mut wants = Vec::new();
     for (i, item) in batch.iter().enumerate() {
         for (offset, chunk) in &item.chunks {
@@ -148,8 +167,21 @@ pub(crate) fn prepare(shared: &Shared, batch: Batch) -> RepoResult<Prepared<'_>>
             wants.push(Want { loc, chunk: *chunk, item: i, offset: *offset });
         }
     }
-    let round = Round::decide(shared, &batch, wants, false)?;
-    Ok(Prepared { batch, round: Some(round), waiting: Groups::new() })
+    let frames = wants.iter().filter(|w| w.loc.kind == ObjectKind::FramedData).map(frame_of);
+    let demand = Demand::new(&shared.frames, frames.collect());
+    Ok(Located { batch, wants, demand })
+}
+
+/// Decides a located batch's first round.
+fn prepare<'s>(shared: &'s Shared, located: Located<'s>) -> RepoResult<Prepared<'s>> {
+    let Located { batch, wants, mut demand } = located;
+    let round = Round::decide(shared, &batch, wants, false, &mut demand)?;
+    Ok(Prepared { batch, demand, round: Some(round), waiting: Groups::new() })
+}
+
+/// The frame a framed blob lies in.
+fn frame_of(w: &Want) -> FrameKey {
+    (w.loc.pack, w.loc.offset)
 }
 
 impl<'s> Prepared<'s> {
@@ -163,8 +195,8 @@ impl<'s> Prepared<'s> {
         idle: &mut dyn FnMut(&mut Fetcher<'_>) -> RepoResult<()>,
     ) -> RepoResult<()> {
         if let Some(round) = self.round.take() {
-            let waiting = round.run(shared, &self.batch, fetcher, idle)?;
-            self.waiting = write_ready(shared, &self.batch, group(waiting))?;
+            let waiting = round.run(shared, &self.batch, fetcher, idle, &mut self.demand)?;
+            self.waiting = write_ready(shared, &self.batch, group(waiting), &mut self.demand)?;
         }
         Ok(())
     }
@@ -178,17 +210,17 @@ fn finish_batch(
     fetcher: &mut Fetcher<'_>,
     prepared: Prepared<'_>,
 ) -> RepoResult<()> {
-    let Prepared { batch, round, waiting } = prepared;
+    let Prepared { batch, mut demand, round, waiting } = prepared;
     if round.is_some() {
         return Err(RepoError::Internal {
             what: "restore",
             reason: "a batch was finished before it was fetched".into(),
         });
     }
-    let again = wait_for(shared, &batch, waiting)?;
+    let again = wait_for(shared, &batch, waiting, &mut demand)?;
     if !again.is_empty() {
-        let last = Round::decide(shared, &batch, again, true)?;
-        let left = last.run(shared, &batch, fetcher, &mut |_| Ok(()))?;
+        let last = Round::decide(shared, &batch, again, true, &mut demand)?;
+        let left = last.run(shared, &batch, fetcher, &mut |_| Ok(()), &mut demand)?;
         if !left.is_empty() {
             return Err(RepoError::Internal {
                 what: "restore",
@@ -205,10 +237,17 @@ fn finish_batch(
 impl<'s> Round<'s> {
     /// Claims the frames of `wants` nobody has (see [`super::frames`]), writes the blobs of
     /// those opened already (a local write each, so the batch holds them no longer than that,
-    /// outside the kept memory once evicted), and plans the reads of the blobs to fetch; in
+    /// outside the kept memory once evicted) and gives those frames up, and plans the reads of
+    /// the blobs to fetch; in
     /// the `last` round, the frames another batch is fetching are fetched too, not waited
     /// for.
-    fn decide(shared: &'s Shared, batch: &Batch, wants: Vec<Want>, last: bool) -> RepoResult<Self> {
+    fn decide(
+        shared: &'s Shared,
+        batch: &Batch,
+        wants: Vec<Want>,
+        last: bool,
+        demand: &mut Demand<'_>,
+    ) -> RepoResult<Self> {
         let mut claims = Claims::new(&shared.frames);
         let mut decided: HashMap<FrameKey, Claim> = HashMap::new();
         let (mut fetch, mut waiting) = (Vec::new(), Vec::new());
@@ -217,7 +256,7 @@ impl<'s> Round<'s> {
                 fetch.push(w);
                 continue;
             }
-            let key = (w.loc.pack, w.loc.offset);
+            let key = frame_of(&w);
             match decided.entry(key).or_insert_with(|| shared.frames.claim(key)) {
                 Claim::Fetch => {
                     if !claims.open.contains(&key) {
@@ -230,43 +269,58 @@ impl<'s> Round<'s> {
                 Claim::Wait(claim) => waiting.push((*claim, w)),
             }
         }
+        // A round decides once per frame: every blob of a frame handed over is written.
+        for (key, claim) in &decided {
+            if matches!(claim, Claim::Ready(_)) {
+                demand.done(*key);
+            }
+        }
         fetch.sort_by_key(|w| (w.loc.pack, w.loc.offset, w.chunk.id));
-        let mut reads = pack_reads::plan(&fetch, |w| Span::from(&w.loc))?;
+        let mut reads =
+            pack_reads::plan(&fetch, pack_reads::TREE_MERGE_GAP, |w| Span::from(&w.loc))?;
         // The reads of frames other batches may wait for go first.
         reads.sort_by_cached_key(|read| {
-            !fetch[read.wants.clone()].iter().any(|w| {
-                w.loc.kind == ObjectKind::FramedData
-                    && claims.open.contains(&(w.loc.pack, w.loc.offset))
-            })
+            !fetch[read.wants.clone()]
+                .iter()
+                .any(|w| w.loc.kind == ObjectKind::FramedData && claims.open.contains(&frame_of(w)))
         });
         Ok(Self { claims, fetch, reads, queue: Queue::default(), waiting })
     }
 
     /// Fetches the blobs with merged reads and writes them, publishing the frames it claimed
-    /// as they are opened. Returns the wants of the frames other batches are fetching, to
-    /// wait for: every frame this round claimed is published by then (or abandoned).
+    /// as they are opened, and giving each frame up once its blobs are written (a frame's
+    /// blobs all come in one read, unless it is larger than a read, which only an index
+    /// written to mislead has: then it is given up early, and only kept for less long). Returns the wants of the frames other batches are
+    /// fetching, to wait for: every frame this round claimed is published by then (or
+    /// abandoned).
     fn run(
         self,
         shared: &Shared,
         batch: &Batch,
         fetcher: &mut Fetcher<'_>,
         idle: &mut dyn FnMut(&mut Fetcher<'_>) -> RepoResult<()>,
+        demand: &mut Demand<'_>,
     ) -> RepoResult<Vec<(u64, Want)>> {
         let Self { mut claims, fetch, reads, mut queue, waiting } = self;
         let keys = shared.repo.keys();
         let each = |read: &PackRead, bytes: Bytes| {
+            let mut written = None;
             let mut opener = BlobOpener::default();
             let mut last: Option<(crate::format::BlobId, Vec<u8>)> = None;
             for w in &fetch[read.wants.clone()] {
                 let sealed = read.sealed(&bytes, Span::from(&w.loc))?;
                 let corrupt = |e| RepoError::corrupt(blob_in(w), e);
                 if w.loc.kind == ObjectKind::FramedData {
-                    let at = (w.loc.pack, w.loc.offset);
+                    let at = frame_of(w);
                     let (frame, fresh) = opener.frame(keys, at, sealed).map_err(corrupt)?;
                     if fresh && claims.open.contains(&at) {
                         claims.publish(at, Arc::clone(frame));
                     }
                     write_framed(shared, batch, frame, w)?;
+                    if let Some(k) = written.filter(|k| *k != at) {
+                        demand.done(k);
+                    }
+                    written = Some(at);
                     continue;
                 }
                 let raw = match &last {
@@ -278,6 +332,9 @@ impl<'s> Round<'s> {
                     }
                 };
                 write_want(shared, batch, w, raw)?;
+            }
+            if let Some(k) = written {
+                demand.done(k);
             }
             Ok(())
         };
@@ -296,7 +353,7 @@ fn group(mut waiting: Vec<(u64, Want)>) -> Groups {
     waiting.sort_by_key(|(_, w)| (w.loc.pack, w.loc.offset, w.chunk.id));
     let mut groups: Groups = Vec::new();
     for (claim, w) in waiting {
-        let key = (w.loc.pack, w.loc.offset);
+        let key = frame_of(&w);
         match groups.last_mut() {
             Some((k, _, group)) if *k == key => group.push(w),
             _ => groups.push((key, claim, vec![w])),
@@ -306,7 +363,12 @@ fn group(mut waiting: Vec<(u64, Want)>) -> Groups {
 }
 
 /// Writes the blobs of the frames of `waiting` published already; returns the others.
-fn write_ready(shared: &Shared, batch: &Batch, waiting: Groups) -> RepoResult<Groups> {
+fn write_ready(
+    shared: &Shared,
+    batch: &Batch,
+    waiting: Groups,
+    demand: &mut Demand<'_>,
+) -> RepoResult<Groups> {
     let mut blocked = Vec::new();
     for (key, claim, group) in waiting {
         match shared.frames.ready(key) {
@@ -314,6 +376,7 @@ fn write_ready(shared: &Shared, batch: &Batch, waiting: Groups) -> RepoResult<Gr
                 for w in &group {
                     write_framed(shared, batch, &frame, w)?;
                 }
+                demand.done(key);
             }
             None => blocked.push((key, claim, group)),
         }
@@ -326,8 +389,13 @@ fn write_ready(shared: &Shared, batch: &Batch, waiting: Groups) -> RepoResult<Gr
 /// first, at once (they could be evicted while the batch blocks on the others). Returns the
 /// wants of the frames waited for in vain (the fetch failed elsewhere, or the frame was
 /// evicted), for the last round.
-fn wait_for(shared: &Shared, batch: &Batch, waiting: Groups) -> RepoResult<Vec<Want>> {
-    let blocked = write_ready(shared, batch, waiting)?;
+fn wait_for(
+    shared: &Shared,
+    batch: &Batch,
+    waiting: Groups,
+    demand: &mut Demand<'_>,
+) -> RepoResult<Vec<Want>> {
+    let blocked = write_ready(shared, batch, waiting, demand)?;
     let mut again = Vec::new();
     for (key, claim, mut group) in blocked {
         match shared.frames.wait(key, claim, &shared.stop) {
@@ -335,6 +403,7 @@ fn wait_for(shared: &Shared, batch: &Batch, waiting: Groups) -> RepoResult<Vec<W
                 for w in &group {
                     write_framed(shared, batch, &frame, w)?;
                 }
+                demand.done(key);
             }
             None if shared.stop.is_cancelled() => return Err(RepoError::Cancelled),
             None => again.append(&mut group),

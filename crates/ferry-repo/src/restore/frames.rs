@@ -9,12 +9,18 @@
 //! Here the first batch that needs a frame claims it and fetches it; a batch that needs a frame
 //! another one is fetching waits for that claim, only once its worker has fetched every frame
 //! it claimed, for this batch and for the one it took ahead (see [`super::data::work`]), so no
-//! two workers can wait for each other. A frame already opened is handed over at once. Opened
-//! frames are kept within [`KEEP_BYTES`] of memory (plaintext and table), the first published
-//! evicted first (a use does not keep a frame longer); a frame evicted, or whose fetch failed,
+//! two workers can wait for each other. A frame already opened is handed over at once.
+//!
+//! Opened frames are kept within [`KEEP_BYTES`] of memory (plaintext and table). The planner
+//! counts each batch's frames as it sends the batch ([`Demand`]), and a batch gives each frame
+//! up once it has written every blob it needs from it: the frames no batch sent still needs are
+//! evicted first, the first published first; only when every kept frame is still needed is the
+//! first published of those evicted. (Evicted in publishing order alone, the frames only one
+//! batch needs, most of them on the Linux tree, pushed out some a batch to come needed: a
+//! restore of it over a network downloaded 5 MB more.) A frame evicted, or whose fetch failed,
 //! is claimed again by whoever needs it next.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -45,17 +51,69 @@ pub(crate) enum Claim {
 enum Slot {
     /// Claimed: the claim's number.
     Fetching(u64),
-    Ready(Arc<Frame>, usize),
+    /// Opened: the frame, its memory, and its place in the publishing order.
+    Ready { frame: Arc<Frame>, bytes: usize, seq: u64 },
 }
 
 #[derive(Debug, Default)]
 struct State {
     slots: HashMap<FrameKey, Slot>,
-    /// Ready frames, oldest first.
-    order: VecDeque<FrameKey>,
+    /// Ready frames by their place in the publishing order.
+    order: BTreeMap<u64, FrameKey>,
+    /// The places of the ready frames no batch sent still needs (evicted first).
+    idle: BTreeSet<u64>,
+    /// Batches sent that still need each frame.
+    demand: HashMap<FrameKey, u32>,
     bytes: usize,
     /// Claims made so far (each claim's number).
     claims: u64,
+    /// Frames published so far (each one's place in the order).
+    published: u64,
+}
+
+impl State {
+    /// The place of `key` in the publishing order, if it is ready.
+    fn seq(&self, key: &FrameKey) -> Option<u64> {
+        match self.slots.get(key) {
+            Some(Slot::Ready { seq, .. }) => Some(*seq),
+            _ => None,
+        }
+    }
+
+    /// Panics unless the order, the idle set, the demand and the memory count agree.
+    #[cfg(test)]
+    fn check(&self) {
+        let mut bytes = 0;
+        let mut ready = 0;
+        for (key, slot) in &self.slots {
+            if let Slot::Ready { bytes: size, seq, .. } = slot {
+                ready += 1;
+                bytes += size;
+                assert_eq!(self.order.get(seq), Some(key), "in the order at its place");
+                let idle = !self.demand.contains_key(key);
+                assert_eq!(self.idle.contains(seq), idle, "idle exactly when no batch needs it");
+            }
+        }
+        assert_eq!(self.order.len(), ready, "the order holds the ready frames only");
+        assert!(self.idle.iter().all(|seq| self.order.contains_key(seq)));
+        assert!(self.demand.values().all(|n| *n > 0));
+        assert_eq!(self.bytes, bytes);
+    }
+
+    /// Evicts one ready frame: the first published of those no batch needs, else the first
+    /// published. False when none is ready.
+    fn evict_one(&mut self) -> bool {
+        let Some(seq) = self.idle.first().or_else(|| self.order.keys().next()).copied() else {
+            return false;
+        };
+        self.idle.remove(&seq);
+        if let Some(key) = self.order.remove(&seq)
+            && let Some(Slot::Ready { bytes, .. }) = self.slots.remove(&key)
+        {
+            self.bytes -= bytes;
+        }
+        true
+    }
 }
 
 /// The frames of one restore. See the module documentation.
@@ -98,7 +156,7 @@ impl SharedFrames {
     pub(crate) fn claim(&self, key: FrameKey) -> Claim {
         let mut state = self.lock();
         match state.slots.get(&key) {
-            Some(Slot::Ready(frame, _)) => Claim::Ready(Arc::clone(frame)),
+            Some(Slot::Ready { frame, .. }) => Claim::Ready(Arc::clone(frame)),
             Some(Slot::Fetching(n)) => Claim::Wait(*n),
             None => {
                 state.claims += 1;
@@ -109,22 +167,51 @@ impl SharedFrames {
         }
     }
 
-    /// Hands a frame the caller claimed to every batch waiting for it, and keeps it (a frame
-    /// larger than the kept memory is evicted at once: its waiters then fetch it). A frame
-    /// not claimed (or published already) is left as it is.
-    pub(crate) fn publish(&self, key: FrameKey, frame: Arc<Frame>) {
+    /// Counts a batch about to be sent as needing `keys` (each once).
+    fn expect(&self, keys: &[FrameKey]) {
         let mut state = self.lock();
-        let Some(slot @ Slot::Fetching(_)) = state.slots.get_mut(&key) else { return };
-        let bytes = frame.memory();
-        *slot = Slot::Ready(frame, bytes);
-        state.order.push_back(key);
-        state.bytes += bytes;
-        while state.bytes > self.keep {
-            let Some(old) = state.order.pop_front() else { break };
-            if let Some(Slot::Ready(_, size)) = state.slots.remove(&old) {
-                state.bytes -= size;
+        for key in keys {
+            let n = state.demand.entry(*key).or_insert(0);
+            *n += 1;
+            if *n == 1
+                && let Some(seq) = state.seq(key)
+            {
+                state.idle.remove(&seq);
             }
         }
+    }
+
+    /// A batch counted by [`Self::expect`] no longer needs `key`.
+    fn release(&self, key: FrameKey) {
+        let mut state = self.lock();
+        debug_assert!(state.demand.contains_key(&key), "a frame released was counted");
+        let Some(n) = state.demand.get_mut(&key) else { return };
+        *n -= 1;
+        if *n == 0 {
+            state.demand.remove(&key);
+            if let Some(seq) = state.seq(&key) {
+                state.idle.insert(seq);
+            }
+        }
+    }
+
+    /// Hands a frame the caller claimed to every batch waiting for it, and keeps it, evicting
+    /// as the module documentation says (a frame larger than the kept memory is evicted at
+    /// once: its waiters then fetch it). A frame not claimed (or published already) is left as
+    /// it is.
+    pub(crate) fn publish(&self, key: FrameKey, frame: Arc<Frame>) {
+        let mut state = self.lock();
+        let seq = state.published;
+        let Some(slot @ Slot::Fetching(_)) = state.slots.get_mut(&key) else { return };
+        let bytes = frame.memory();
+        *slot = Slot::Ready { frame, bytes, seq };
+        state.published += 1;
+        state.order.insert(seq, key);
+        if !state.demand.contains_key(&key) {
+            state.idle.insert(seq);
+        }
+        state.bytes += bytes;
+        while state.bytes > self.keep && state.evict_one() {}
         drop(state);
         self.changed.notify_all();
     }
@@ -142,7 +229,7 @@ impl SharedFrames {
     /// The frame if it is opened and kept, without waiting.
     pub(crate) fn ready(&self, key: FrameKey) -> Option<Arc<Frame>> {
         match self.lock().slots.get(&key) {
-            Some(Slot::Ready(frame, _)) => Some(Arc::clone(frame)),
+            Some(Slot::Ready { frame, .. }) => Some(Arc::clone(frame)),
             _ => None,
         }
     }
@@ -160,7 +247,7 @@ impl SharedFrames {
         let mut state = self.lock();
         loop {
             match state.slots.get(&key) {
-                Some(Slot::Ready(frame, _)) => return Some(Arc::clone(frame)),
+                Some(Slot::Ready { frame, .. }) => return Some(Arc::clone(frame)),
                 Some(Slot::Fetching(n)) if *n == claim && !stop.is_cancelled() => {}
                 _ => return None,
             }
@@ -192,6 +279,40 @@ impl Drop for Claims<'_> {
     fn drop(&mut self) {
         for key in self.open.drain(..) {
             self.frames.abandon(key);
+        }
+    }
+}
+
+/// The frames a batch sent still needs, counted in its [`SharedFrames`] from its sending until
+/// it gives each up (or is dropped).
+#[derive(Debug)]
+pub(crate) struct Demand<'a> {
+    frames: &'a SharedFrames,
+    keys: Vec<FrameKey>,
+}
+
+impl<'a> Demand<'a> {
+    /// Counts `keys` (duplicates are counted once) as needed by a batch about to be sent.
+    pub(crate) fn new(frames: &'a SharedFrames, mut keys: Vec<FrameKey>) -> Self {
+        keys.sort_unstable();
+        keys.dedup();
+        frames.expect(&keys);
+        Self { frames, keys }
+    }
+
+    /// The batch has written every blob it needs from `key` (nothing if it was given up).
+    pub(crate) fn done(&mut self, key: FrameKey) {
+        if let Ok(i) = self.keys.binary_search(&key) {
+            self.keys.remove(i);
+            self.frames.release(key);
+        }
+    }
+}
+
+impl Drop for Demand<'_> {
+    fn drop(&mut self) {
+        for key in self.keys.drain(..) {
+            self.frames.release(key);
         }
     }
 }
@@ -323,5 +444,89 @@ mod tests {
         let Claim::Ready(kept) = frames.claim(key) else { panic!("published") };
         assert_eq!(kept.len(), 2, "the claim's own frame, once");
         assert_eq!(frames.lock().order.len(), 1, "counted once");
+    }
+
+    /// Claims and publishes `key` with a frame of 10 blobs.
+    fn publish(frames: &SharedFrames, key: FrameKey) {
+        assert!(matches!(frames.claim(key), Claim::Fetch));
+        frames.publish(key, frame(10));
+    }
+
+    #[test]
+    fn a_frame_counted_once_opened_or_evicted_while_needed_is_kept_as_needed() {
+        let one = frame(10).memory();
+        let frames = SharedFrames::keeping(2 * one);
+        let key = |n| (PackId([12; 32]), n);
+        let kept = |n| frames.ready(key(n)).is_some();
+        publish(&frames, key(0));
+        frames.lock().check();
+        // Counted after it was opened: no longer idle.
+        let mut first = Demand::new(&frames, vec![key(0), key(1)]);
+        let second = Demand::new(&frames, vec![key(0), key(1)]);
+        frames.lock().check();
+        publish(&frames, key(2));
+        publish(&frames, key(3));
+        frames.lock().check();
+        assert!(kept(0) && !kept(2) && kept(3), "the idle one goes; the needed one stays");
+        // Evicted while needed (every kept frame needed), then opened again: still needed.
+        let _third = Demand::new(&frames, vec![key(3)]);
+        publish(&frames, key(1));
+        frames.lock().check();
+        assert!(!kept(0) && kept(1) && kept(3), "the first published of the needed ones went");
+        publish(&frames, key(0));
+        frames.lock().check();
+        assert!(kept(0) && kept(1) && !kept(3), "opened again; the first published went");
+        // Given up twice by one batch: the other one's count stays.
+        first.done(key(0));
+        first.done(key(0));
+        assert_eq!(frames.lock().demand.get(&key(0)), Some(&1), "released once only");
+        frames.lock().check();
+        drop(second);
+        frames.lock().check();
+        assert!(!frames.lock().demand.contains_key(&key(0)));
+    }
+
+    #[test]
+    fn frames_a_sent_batch_still_needs_outlast_older_ones_none_needs() {
+        let frames = SharedFrames::keeping(3 * frame(10).memory());
+        let key = |n| (PackId([7; 32]), n);
+        let mut second = Demand::new(&frames, vec![key(0), key(2), key(0)]);
+        for n in 0..3 {
+            publish(&frames, key(n));
+        }
+        publish(&frames, key(3));
+        publish(&frames, key(4));
+        let kept = |n| frames.ready(key(n)).is_some();
+        frames.lock().check();
+        assert!(kept(0) && kept(2), "still needed: kept, though published first");
+        assert!(!kept(1) && !kept(3), "needed by no batch sent: evicted, first published first");
+        assert!(kept(4), "the newest");
+        // Once given up, a frame goes before those still needed.
+        second.done(key(0));
+        second.done(key(0));
+        publish(&frames, key(1));
+        assert!(!kept(0) && kept(2), "given up: evicted first");
+        let state = frames.lock();
+        assert_eq!(state.demand.get(&key(2)), Some(&1), "released once only");
+        assert_eq!(state.order.len(), 3);
+        drop(state);
+        drop(second);
+        frames.lock().check();
+        assert!(frames.lock().demand.is_empty(), "a dropped batch needs nothing");
+        assert_eq!(frames.lock().idle.len(), 3, "and every kept frame is idle");
+    }
+
+    #[test]
+    fn when_every_kept_frame_is_needed_the_first_published_goes() {
+        let frames = SharedFrames::keeping(2 * frame(10).memory());
+        let key = |n| (PackId([8; 32]), n);
+        let _batch = Demand::new(&frames, (0..3).map(key).collect());
+        for n in 0..3 {
+            publish(&frames, key(n));
+        }
+        let kept = |n| frames.ready(key(n)).is_some();
+        assert!(!kept(0) && kept(1) && kept(2), "memory stays bounded");
+        let state = frames.lock();
+        assert!(state.bytes <= 2 * frame(10).memory() && state.idle.is_empty());
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! A planner thread walks the snapshot's trees, creates directories, links and special nodes,
 //! creates each regular file empty at its final size, and sends its content as batches of file
-//! ranges to worker threads. Workers fetch the blobs of a batch with few merged ranged reads,
+//! ranges to worker threads, each with its blobs looked up in the index and its frames counted
+//! as needed (see [`frames`]). Workers fetch the blobs of a batch with few merged ranged reads,
 //! authenticate and verify each, and write it at its offset (holes are never written, so
 //! sparse files stay sparse); a worker starts the reads of its next batch while it writes the
 //! end of the current one. The worker that finishes a file's last range sets its metadata;
@@ -37,7 +38,6 @@ use crate::format::{BlobId, Node, NodeBody, Snapshot, SnapshotId};
 use crate::place::Place;
 use crate::progress::{Counters, ProgressFn, Ticker};
 use crate::repo::{MemIndex, Repository};
-use data::Batch;
 pub use fidelity::{Fidelity, Withheld};
 use fsops::Warnings;
 
@@ -326,7 +326,7 @@ fn run(
         _ if root.name.is_empty() => return Err(not_a_directory()),
         _ => None,
     };
-    let (tx, rx) = crossbeam_channel::bounded::<Batch>(threads * 2);
+    let (tx, rx) = crossbeam_channel::bounded::<data::Located<'_>>(threads * 2);
     // Each worker and the planner hold a sender: the flusher ends when they all have.
     let (running, flush_rx) = crossbeam_channel::bounded::<()>(0);
     let counts = std::thread::scope(|scope| {
@@ -364,12 +364,16 @@ fn run(
                     counts: Counts::default(),
                 };
                 let loc = plan::DirLoc::root();
-                match pages {
-                    Some(pages) => p.dir(&root_fd, &loc, pages, target, 0)?,
+                let planned = match pages {
+                    Some(pages) => p.dir(&root_fd, &loc, pages, target, 0),
                     // One entry of a snapshot restored on its own, into the target directory.
-                    None => p.entry(&root_fd, &loc, root.clone(), target, 0)?,
+                    None => p.entry(&root_fd, &loc, root.clone(), target, 0),
+                };
+                if let Err(e) = planned.and_then(|()| p.flush()) {
+                    // The workers stop at once, leaving the batches queued.
+                    shared.fail(e);
+                    return Err(RepoError::Cancelled);
                 }
-                p.flush()?;
                 Ok::<_, RepoError>(p.counts)
             },
         );

@@ -1,5 +1,5 @@
 //! The restore planner: walks the snapshot's trees, creates every entry, and hands file
-//! content to the workers in batches.
+//! content to the workers in batches, their blobs looked up (see [`super::data::locate`]).
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -11,7 +11,7 @@ use nix::sys::stat::SFlag;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobId, Node, NodeBody};
-use crate::restore::data::{Batch, Item, OpenFile};
+use crate::restore::data::{self, Batch, Item, Located, OpenFile};
 use crate::restore::fsops::{self, Warnings};
 use crate::restore::{BATCH_BYTES, Counts, MAX_DEPTH, Shared, for_each_entry};
 
@@ -106,7 +106,7 @@ pub(crate) struct Group {
 
 pub(crate) struct Planner<'a> {
     pub(crate) shared: &'a Shared,
-    pub(crate) tx: crossbeam_channel::Sender<Batch>,
+    pub(crate) tx: crossbeam_channel::Sender<Located<'a>>,
     pub(crate) batch: Batch,
     pub(crate) batch_bytes: u64,
     /// Opens directories of earlier hardlink members again by their [`DirLoc`].
@@ -301,7 +301,7 @@ impl Planner<'_> {
             return Ok(());
         }
         self.batch_bytes = 0;
-        let batch = std::mem::take(&mut self.batch);
+        let batch = data::locate(self.shared, std::mem::take(&mut self.batch))?;
         self.tx.send(batch).map_err(|_| RepoError::Cancelled)
     }
 }

@@ -375,7 +375,7 @@ fn plan(
     // Keys are unique (a chunk is one device offset); packs in the order the volume first
     // reaches them.
     wants.sort_unstable_by_key(|w| (w.pack, w.offset, w.chunk));
-    let reads = pack_reads::plan(&wants, |w| w.span(&packs))?;
+    let reads = pack_reads::plan(&wants, pack_reads::MERGE_GAP, |w| w.span(&packs))?;
     // Units small enough that every writer gets several, where reads are smaller than a unit
     // (a read is never split: a volume of a few whole-pack reads gets a unit a read).
     let per_unit = UNIT_BYTES.min(raw_total / (4 * threads.max(1) as u64)).max(1 << 20);
