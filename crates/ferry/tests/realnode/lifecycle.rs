@@ -364,16 +364,45 @@ async fn an_upload_canceled_while_accepted_ends_canceled_and_leaves_nothing() ->
     }))?;
     let classes: Api<VolumeSnapshotClass> = Api::all(client.clone());
     classes.create(&PostParams::default(), &class).await?;
-    let snapshot: VolumeSnapshot = serde_json::from_value(serde_json::json!({
-        "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
-        "metadata": { "name": "limbo", "namespace": ns },
-        "spec": { "volumeSnapshotClassName": class_name,
-            "source": { "persistentVolumeClaimName": "disk" } },
-    }))?;
+    // The snapshot controller finds classes in its informer's cache: a snapshot it takes
+    // before the new class reaches that cache fails ("Failed to get snapshot class"), which
+    // is not the state this test is about. Such a snapshot is replaced by another; one the
+    // controller has bound to a content without an error waits for the missing driver.
     let snapshots: Api<VolumeSnapshot> = Api::namespaced(client.clone(), &ns);
-    snapshots.create(&PostParams::default(), &snapshot).await?;
+    let mut limbo = None;
+    for attempt in 0..5 {
+        let name = format!("limbo-{attempt}");
+        let snapshot: VolumeSnapshot = serde_json::from_value(serde_json::json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+            "metadata": { "name": name, "namespace": ns },
+            "spec": { "volumeSnapshotClassName": class_name,
+                "source": { "persistentVolumeClaimName": "disk" } },
+        }))?;
+        snapshots.create(&PostParams::default(), &snapshot).await?;
+        let deadline = Instant::now() + WAIT;
+        let bound = loop {
+            let status = snapshots.get(&name).await?.status.unwrap_or_default();
+            if status.error.is_some() {
+                break false;
+            }
+            if status.bound_volume_snapshot_content_name.is_some() {
+                break true;
+            }
+            assert!(Instant::now() < deadline, "snapshot {name} neither bound nor failed");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        if bound {
+            limbo = Some(name);
+            break;
+        }
+        snapshots.delete(&name, &Default::default()).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let Some(limbo) = limbo else {
+        return Err("the snapshot controller never took a snapshot of the new class".into());
+    };
 
-    let du = node::data_upload(&client, &ns, "disk", "limbo", "accepted").await?;
+    let du = node::data_upload(&client, &ns, "disk", &limbo, "accepted").await?;
     let name = name_of(&du);
     let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let phase_of = |du: &DataUpload| du.status.as_ref().and_then(|s| s.phase);
@@ -425,8 +454,8 @@ async fn an_upload_canceled_while_accepted_ends_canceled_and_leaves_nothing() ->
     assert!(pvcs.get_opt(&name).await?.is_none(), "no backup PVC");
     assert!(backup_snapshots.get_opt(&name).await?.is_none(), "no backup VolumeSnapshot");
     // The source snapshot is the user's (Velero's): left as it was.
-    assert!(snapshots.get_opt("limbo").await?.is_some());
-    snapshots.delete("limbo", &Default::default()).await?;
+    assert!(snapshots.get_opt(&limbo).await?.is_some());
+    snapshots.delete(&limbo, &Default::default()).await?;
     classes.delete(&class_name, &Default::default()).await?;
     Ok(())
 }
