@@ -439,8 +439,10 @@ def cmd_meta(_args):
             "snapshot by path; Ferry is given --parent explicitly.",
             "Restore is of the last (1%-changed) snapshot "
             + (
-                "into a new ext4 file system (mkfs.ext4 defaults, on a loop device over a sparse file on the same "
-                "disk), made before each restore as a newly provisioned volume would be"
+                "into a new ext4 file system (mkfs.ext4 with inodes for twice the data's entries, at least its "
+                "default, and the inode tables and journal written at once: -E lazy_itable_init=0,lazy_journal_init=0; "
+                "on a loop device over a sparse file on the same disk), made before each restore as a newly "
+                "provisioned volume would be"
                 if e.get("RESTORE_FS") == "1"
                 else "into an empty directory on the same disk"
             )
