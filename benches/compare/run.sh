@@ -347,6 +347,9 @@ mount_restore() {
   local image="$WORK/restore.img" bytes entries
   bytes="$(du -sb "$SRC" | cut -f1)"
   entries="$(find "$SRC" | wc -l)"
+  # A volume's restore is an image file of the volume's size (du sees 0 bytes in a device): a
+  # file system sized from du held 1 GiB for a 2 GiB volume, nearly full after a restore.
+  [[ $VOLUME -eq 0 ]] || bytes=$VOLUME_BYTES
   # Inode tables and journal written now, so no background initialisation runs during the
   # restore. Inodes for twice the tree's entries (mkfs's default of one per 16 KiB is too few
   # for trees of many small files), and at least mkfs's default; the image (sparse) large

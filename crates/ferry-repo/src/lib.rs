@@ -40,6 +40,7 @@ mod backup;
 pub mod browse;
 mod check;
 mod error;
+mod flusher;
 pub mod format;
 pub mod gc;
 mod migrate;

@@ -277,7 +277,9 @@ impl<'s> Round<'s> {
         }
         fetch.sort_by_key(|w| (w.loc.pack, w.loc.offset, w.chunk.id));
         let mut reads =
-            pack_reads::plan(&fetch, pack_reads::TREE_MERGE_GAP, |w| Span::from(&w.loc))?;
+            pack_reads::plan(&fetch, pack_reads::TREE_MERGE_GAP, pack_reads::MAX_READ, |w| {
+                Span::from(&w.loc)
+            })?;
         // The reads of frames other batches may wait for go first.
         reads.sort_by_cached_key(|read| {
             !fetch[read.wants.clone()]

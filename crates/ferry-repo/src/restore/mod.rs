@@ -329,16 +329,11 @@ fn run(
     let (tx, rx) = crossbeam_channel::bounded::<data::Located<'_>>(threads * 2);
     // Each worker and the planner hold a sender: the flusher ends when they all have.
     let (running, flush_rx) = crossbeam_channel::bounded::<()>(0);
+    let fail = |e| shared.fail(e);
     let counts = std::thread::scope(|scope| {
-        let flusher =
-            std::thread::Builder::new().name("restore-flush".into()).spawn_scoped(scope, || {
-                if let Err(e) = flush::flusher(shared, &root_fd, target, &flush_rx) {
-                    shared.fail(e);
-                }
-            });
-        if let Err(e) = flusher {
-            shared.fail(RepoError::io("start restore flusher", target, e));
-        }
+        crate::flusher::start(scope, target, &fail, || {
+            flush::flusher(shared, &root_fd, target, &flush_rx)
+        });
         for _ in 0..threads.max(1) {
             let (rx, running) = (rx.clone(), running.clone());
             scope.spawn(move || {
