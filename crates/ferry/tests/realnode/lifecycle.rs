@@ -12,6 +12,7 @@ use ferry_api::k8s_openapi::api::core::v1::Pod;
 use ferry_testbed::VELERO_NAMESPACE;
 use kube::api::{Api, DeleteParams, ListParams};
 
+use crate::holder;
 use crate::node::{self, AGENT_DAEMONSET, AGENT_LABELS, TestResult, WAIT, name_of};
 use crate::round_trip::{FS_MANIFEST, FS_WRITE};
 
@@ -75,11 +76,15 @@ cd /data && for f in $(ls | sort); do echo \"$f $(md5sum < $f | cut -d' ' -f1)\"
     )
     .await?;
     let snapshot = node::snapshot(&client, &ns, "big").await?;
-    let du = node::data_upload(&client, &ns, "big", &snapshot, "restart").await?;
+    // The transfer is stalled part-way (its storage location's network held) while the pod
+    // is deleted: the old agent cannot finish the upload before it stops, however fast.
+    let gate = holder::gate(node).await?;
+    let reopen = holder::Reopen(gate);
+    gate.close();
+    let du =
+        node::data_upload_to(&client, holder::GATED_BSL, &ns, "big", &snapshot, "restart").await?;
     let name = name_of(&du);
-
-    // Wait until bytes move, then delete the agent's pod.
-    node::wait_bytes_moving::<DataUpload>(&client, &name).await?;
+    holder::stall_mid_transfer::<DataUpload>(&client, &name, gate).await?;
     let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     let agent = pods.list(&ListParams::default().labels(AGENT_LABELS)).await?.items;
@@ -102,6 +107,7 @@ cd /data && for f in $(ls | sort); do echo \"$f $(md5sum < $f | cut -d' ' -f1)\"
         Some(ferry_api::DataUploadPhase::Completed),
         "the deleted agent finished the upload instead of handing it over: {status:?}"
     );
+    drop(reopen);
 
     let du = node::wait_upload(&client, &name).await?;
     let by = du.status.as_ref().map(|s| s.node.clone()).unwrap_or_default();
@@ -213,7 +219,8 @@ async fn a_canceled_upload_ends_canceled_and_leaves_nothing() -> TestResult {
     use kube::api::{Patch, PatchParams};
 
     let node = node::node();
-    let _agent = node::AGENT.read().await;
+    // Alone: the tests share the gate.
+    let _agent = node::AGENT.write().await;
     let client = node.client()?;
     let ns = node.namespace("cancel").await?;
     node::create_pvc(&client, &ns, "big", "512Mi", "Block").await?;
@@ -226,9 +233,16 @@ async fn a_canceled_upload_ends_canceled_and_leaves_nothing() -> TestResult {
     )
     .await?;
     let snapshot = node::snapshot(&client, &ns, "big").await?;
-    let du = node::data_upload(&client, &ns, "big", &snapshot, "cancel").await?;
+    // The transfer is stalled part-way (its storage location's network held), so the cancel
+    // lands while data moves however fast the upload is; the network stays held until the
+    // upload has ended: a cancel needs nothing from the storage location.
+    let gate = holder::gate(node).await?;
+    let reopen = holder::Reopen(gate);
+    gate.close();
+    let du =
+        node::data_upload_to(&client, holder::GATED_BSL, &ns, "big", &snapshot, "cancel").await?;
     let name = name_of(&du);
-    node::wait_bytes_moving::<DataUpload>(&client, &name).await?;
+    holder::stall_mid_transfer::<DataUpload>(&client, &name, gate).await?;
     let uploads: Api<DataUpload> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
     uploads
         .patch(
@@ -254,6 +268,7 @@ async fn a_canceled_upload_ends_canceled_and_leaves_nothing() -> TestResult {
         assert!(Instant::now() < deadline, "not ended {WAIT:?} after cancel: {:?}", du.status);
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
+    drop(reopen);
     let status = du.status.clone().unwrap_or_default();
     assert_eq!(status.phase, Some(ferry_api::DataUploadPhase::Canceled), "{status:?}");
     assert!(status.message.contains("cancel"), "the message says why: {}", status.message);

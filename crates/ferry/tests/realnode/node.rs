@@ -590,30 +590,6 @@ pub async fn delete_pvc(client: &Client, ns: &str, name: &str) -> TestResult {
     wait_gone(&api, name).await
 }
 
-/// Waits until the DataUpload or DataDownload `name` has moved bytes (and has not ended): the
-/// moment to disturb it.
-pub async fn wait_bytes_moving<K: VeleroCr>(client: &Client, name: &str) -> TestResult {
-    let api: Api<K> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let status = serde_json::to_value(api.get(name).await?)?["status"].take();
-        if status["progress"]["bytesDone"].as_i64().unwrap_or(0) > 0 {
-            return Ok(());
-        }
-        if ["Completed", "Failed", "Canceled"].contains(&status["phase"].as_str().unwrap_or("")) {
-            return Err(format!(
-                "{} {name} ended before it could be disturbed; make the volume larger: {status}",
-                K::kind(&())
-            )
-            .into());
-        }
-        if Instant::now() > deadline {
-            return Err(format!("no bytes moved within {WAIT:?}: {status}").into());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// Requires `pod`'s spec to pass the API server's Pod Security admission at level
 /// `restricted`: created (server-side dry run) in a namespace that enforces it.
 pub async fn admitted_as_restricted(client: &Client, pod: &Pod) -> TestResult {
