@@ -257,19 +257,6 @@ impl<'a> Fetcher<'a> {
     }
 }
 
-/// Fetches `reads` with `fetcher`, calling `each` with every read and its bytes, in order, on
-/// the calling thread (see [`Fetcher::drain`]).
-///
-/// # Errors
-/// As [`Fetcher::drain`].
-pub(crate) fn fetch_in_order(
-    fetcher: &mut Fetcher<'_>,
-    reads: &[PackRead],
-    each: impl FnMut(&PackRead, Bytes) -> RepoResult<()>,
-) -> RepoResult<()> {
-    fetcher.drain(reads, &mut Queue::default(), each, |_| Ok(()))
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -367,12 +354,12 @@ mod tests {
                 scope.spawn(|| {
                     let mut seen = Vec::new();
                     let mut fetcher = Fetcher::new(runtime.handle(), &store, &permits, &stop);
-                    fetch_in_order(&mut fetcher, &reads, |r, b| {
+                    let each = |r: &PackRead, b: Bytes| {
                         assert_eq!(b.len() as u64, r.len);
                         seen.extend_from_slice(&b);
                         Ok(())
-                    })
-                    .unwrap();
+                    };
+                    fetcher.drain(&reads, &mut Queue::default(), each, |_| Ok(())).unwrap();
                     assert_eq!(seen, bytes, "every read, in order");
                 });
             }

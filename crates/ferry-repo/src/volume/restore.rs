@@ -2,13 +2,14 @@
 //! threads zero the gaps (or skip them when the target is known to read as zeros) and take
 //! the pack reads in turn: the chunks are grouped by pack, not by device offset, so each
 //! stored byte is downloaded at most once a window (below), in ranged reads of up to
-//! [`pack_reads::VOLUME_MAX_READ`], whichever device ranges its chunks go to (a frame of short chunks from all
-//! over the volume is opened once); each chunk is verified and written in place; a flusher
-//! syncs the target as the data comes in, and an fsync ends the restore. A volume of more
-//! than [`WINDOW_CHUNKS`] chunks is planned and written that many chunks at a time (its
-//! windows, the next planned while one is written), so the plan's memory stays bounded however
-//! large the volume: beside the snapshot's list of the chunks (36 bytes each), two windows'
-//! plans.
+//! [`pack_reads::VOLUME_MAX_READ`], whichever device ranges its chunks go to (a frame of short
+//! chunks from all over the volume is opened once); each chunk is verified and written in
+//! place. A writer starts the reads of its next unit of work while it writes the last of the
+//! current one's. A flusher syncs the target as the data comes in, and an fsync ends the
+//! restore. A volume of more than [`WINDOW_CHUNKS`] chunks is planned and written that many
+//! chunks at a time (its windows, the next planned while one is written), so the plan's
+//! memory stays bounded however large the volume: beside the snapshot's list of the chunks
+//! (36 bytes each), two windows' plans.
 
 use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
@@ -17,6 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
@@ -25,7 +27,7 @@ use crate::format::{
     BlobOpener, ChunkRef, FileContent, FormatError, ObjectKind, PackId, PlacedCursor, Snapshot,
     SnapshotId, SnapshotKind,
 };
-use crate::pack_reads::{self, PackRead, Span};
+use crate::pack_reads::{self, Fetcher, PackRead, Queue, Span};
 use crate::place::Place;
 use crate::progress::{Counters, ProgressFn, Ticker};
 use crate::repo::{BlobLocation, MemIndex, Repository};
@@ -256,11 +258,10 @@ async fn restore_volume_leased(
 /// and the target is flushed (fsync) last.
 ///
 /// The flusher's syncs wait for the disk, which starting the writeback (`sync_file_range`, as
-/// the restore did before) does not: an
-/// image file on a loop device (the CSI hostpath driver's block volumes, the benchmarks'
-/// targets) is cached again in the loop's backing file, whose pages only a sync writes
-/// before the kernel's 30 s expiry; so the final fsync wrote about all of a 2 GiB volume's
-/// data (0.48 s of a 2.9 s restore over 20 ms / 1000 Mbit/s).
+/// the restore did before) does not: an image file on a loop device (the CSI hostpath driver's
+/// block volumes, the benchmarks' targets) is cached again in the loop's backing file, whose
+/// pages only a sync writes before the kernel's 30 s expiry; so the final fsync wrote about
+/// all of a 2 GiB volume's data (0.48 s of a 2.9 s restore over 20 ms / 1000 Mbit/s).
 fn write_windows(
     shared: &Shared,
     content: &FileContent,
@@ -510,24 +511,14 @@ fn interleave<T>(a: Vec<T>, b: Vec<T>) -> Vec<T> {
     out
 }
 
-/// Writes one window's `work` with `threads` writers.
+/// Writes one window's `work` with `threads` writers (see [`writer`]).
 fn run_writers(shared: &Shared, work: &Work, threads: usize) -> RepoResult<()> {
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads.max(1))
             .map(|_| {
                 scope.spawn(move || {
-                    let zeros = vec![0u8; 1 << 20];
-                    loop {
-                        let i = work.next.fetch_add(1, Ordering::Relaxed);
-                        let done = match work.units.get(i) {
-                            None => return,
-                            Some(Unit::Gaps(gaps)) => zero_gaps(shared, work, gaps.clone(), &zeros),
-                            Some(Unit::Reads(reads)) => write_reads(shared, work, reads.clone()),
-                        };
-                        if let Err(e) = done {
-                            shared.fail(e);
-                            return;
-                        }
+                    if let Err(e) = writer(shared, work) {
+                        shared.fail(e);
                     }
                 })
             })
@@ -543,6 +534,55 @@ fn run_writers(shared: &Shared, work: &Work, threads: usize) -> RepoResult<()> {
         return Err(RepoError::Cancelled);
     }
     Ok(())
+}
+
+/// One writer: takes units in turn until none is left, zeroing gap units and fetching and
+/// writing the pack reads of read units. Once every read of its unit is started, it takes its
+/// next unit (zeroing gap units on the way) and starts that one's reads, within the fetcher's
+/// bounds, while it writes the current one's: its link does not go idle for a round trip
+/// between units.
+fn writer(shared: &Shared, work: &Work) -> RepoResult<()> {
+    let zeros = vec![0u8; 1 << 20];
+    // The next unit of reads, or None once none is left.
+    let take_reads = || -> RepoResult<Option<Range<usize>>> {
+        loop {
+            let i = work.next.fetch_add(1, Ordering::Relaxed);
+            match work.units.get(i) {
+                None => return Ok(None),
+                Some(Unit::Gaps(gaps)) => zero_gaps(shared, work, gaps.clone(), &zeros)?,
+                Some(Unit::Reads(reads)) => return Ok(Some(reads.clone())),
+            }
+        }
+    };
+    let mut fetcher = shared.repo.fetcher(&shared.handle, &shared.stop);
+    let mut ahead: Option<(Range<usize>, Queue)> = None;
+    loop {
+        let (range, mut queue) = match ahead.take() {
+            Some(next) => next,
+            None => match take_reads()? {
+                Some(range) => (range, Queue::default()),
+                None => return Ok(()),
+            },
+        };
+        let mut last = false;
+        let take_ahead = |fetcher: &mut Fetcher<'_>| {
+            if ahead.is_none() && !last {
+                match take_reads()? {
+                    Some(range) => ahead = Some((range, Queue::default())),
+                    None => last = true,
+                }
+            }
+            if let Some((range, queue)) = &mut ahead {
+                fetcher.start(&work.reads[range.clone()], queue);
+            }
+            Ok(())
+        };
+        let each = |read: &PackRead, bytes: Bytes| write_read(shared, work, read, &bytes);
+        fetcher.drain(&work.reads[range], &mut queue, each, take_ahead)?;
+        if last && ahead.is_none() {
+            return Ok(());
+        }
+    }
 }
 
 /// A chunk to write and where its sealed bytes lie: 24 bytes, where a copy of the chunk's id,
@@ -589,37 +629,35 @@ fn zero_gaps(shared: &Shared, work: &Work, range: Range<usize>, zeros: &[u8]) ->
     Ok(())
 }
 
-/// Fetches the pack reads of `range` and writes each of their chunks where it goes.
-fn write_reads(shared: &Shared, work: &Work, range: Range<usize>) -> RepoResult<()> {
-    let progress = &shared.progress;
-    let reads = &work.reads[range];
-    let mut fetcher = shared.repo.fetcher(&shared.handle, &shared.stop);
-    pack_reads::fetch_in_order(&mut fetcher, reads, |read, bytes| {
-        let mut opener = BlobOpener::default();
-        for w in &work.wants[read.wants.clone()] {
-            let (offset, chunk) = &work.chunks[w.chunk as usize];
-            let object = || format!("data blob {} in pack {}", chunk.id, read.key);
-            let span = w.span(&work.packs);
-            let sealed = read.sealed(&bytes, span)?;
-            let (kind, at) = ((w.kind, w.raw_length), (*span.pack, w.offset));
-            let raw = opener
-                .open(shared.repo.keys(), &chunk.id, kind, at, sealed)
-                .map_err(|e| RepoError::corrupt(object(), e))?;
-            if raw.len() != chunk.len as usize {
-                return Err(RepoError::corrupt(
-                    object(),
-                    FormatError::Invalid {
-                        what: "blob",
-                        reason: "length differs from the volume snapshot".into(),
-                    },
-                ));
-            }
-            write_chunk(shared, &raw, *offset)?;
-            wrote(shared, raw.len() as u64);
-            progress.bytes_done.fetch_add(raw.len() as u64, Ordering::Relaxed);
+/// Opens the chunks of one pack read and writes each where it goes.
+fn write_read(shared: &Shared, work: &Work, read: &PackRead, bytes: &[u8]) -> RepoResult<()> {
+    let mut opener = BlobOpener::default();
+    for w in &work.wants[read.wants.clone()] {
+        let (offset, chunk) = &work.chunks[w.chunk as usize];
+        let object = || format!("data blob {} in pack {}", chunk.id, read.key);
+        let span = w.span(&work.packs);
+        let sealed = read.sealed(bytes, span)?;
+        let (kind, at) = ((w.kind, w.raw_length), (*span.pack, w.offset));
+        let raw = opener
+            .open(shared.repo.keys(), &chunk.id, kind, at, sealed)
+            .map_err(|e| RepoError::corrupt(object(), e))?;
+        if raw.len() != chunk.len as usize {
+            return Err(RepoError::corrupt(
+                object(),
+                FormatError::Invalid {
+                    what: "blob",
+                    reason: "length differs from the volume snapshot".into(),
+                },
+            ));
         }
-        Ok(())
-    })
+        write_chunk(shared, &raw, *offset)?;
+        // Counted as written (`bytes_read` of the progress): the flusher of
+        // [`write_windows`] syncs the target each [`FLUSH_BYTES`] of them.
+        let len = raw.len() as u64;
+        shared.progress.bytes_read.fetch_add(len, Ordering::Relaxed);
+        shared.progress.bytes_done.fetch_add(len, Ordering::Relaxed);
+    }
+    Ok(())
 }
 
 /// Writes a chunk; on a zeroed target, leaves its all-zero blocks unwritten (holes stay holes).
@@ -651,12 +689,6 @@ fn write_chunk(shared: &Shared, raw: &[u8], offset: u64) -> RepoResult<()> {
         write(&raw[from..], offset + from as u64)?;
     }
     Ok(())
-}
-
-/// Counts `len` bytes written (`bytes_read` of the progress; the flusher of
-/// [`write_windows`] syncs the target each [`FLUSH_BYTES`] of them).
-fn wrote(shared: &Shared, len: u64) {
-    shared.progress.bytes_read.fetch_add(len, Ordering::Relaxed);
 }
 
 #[cfg(test)]
