@@ -177,11 +177,16 @@ impl<'a> Fetcher<'a> {
         Self { handle, store, permits, stop, in_flight: 0, held: 0 }
     }
 
+    /// Whether the bounds let a read of `len` bytes start now.
+    pub(crate) fn has_room(&self, len: u64) -> bool {
+        self.in_flight < MAX_CONCURRENT_READS
+            && (self.in_flight == 0 || self.held + len <= MAX_HELD)
+    }
+
     /// Starts reads of `reads` (where `queue` says) while the bounds allow.
     pub(crate) fn start(&mut self, reads: &[PackRead], queue: &mut Queue) {
         while let Some(r) = reads.get(queue.next) {
-            let room = self.in_flight == 0 || self.held + r.len <= MAX_HELD;
-            if !room || self.in_flight >= MAX_CONCURRENT_READS {
+            if !self.has_room(r.len) {
                 break;
             }
             self.spawn(r, queue);

@@ -537,10 +537,12 @@ fn run_writers(shared: &Shared, work: &Work, threads: usize) -> RepoResult<()> {
 }
 
 /// One writer: takes units in turn until none is left, zeroing gap units and fetching and
-/// writing the pack reads of read units. Once every read of its unit is started, it takes its
-/// next unit (zeroing gap units on the way) and starts that one's reads, within the fetcher's
-/// bounds, while it writes the current one's: its link does not go idle for a round trip
-/// between units.
+/// writing the pack reads of read units. Once every read of its unit is started and the
+/// fetcher's bounds have room for another, it takes its next unit (zeroing gap units on the
+/// way) and starts that one's reads while it writes the current one's: its link does not go
+/// idle for a round trip between units (within a window: the writers end with each window).
+/// Taking the next unit only when a read of it can start keeps the units for the writers
+/// that have room, so near a window's end no writer holds two while another has none.
 fn writer(shared: &Shared, work: &Work) -> RepoResult<()> {
     let zeros = vec![0u8; 1 << 20];
     // The next unit of reads, or None once none is left.
@@ -557,6 +559,9 @@ fn writer(shared: &Shared, work: &Work) -> RepoResult<()> {
     let mut fetcher = shared.repo.fetcher(&shared.handle, &shared.stop);
     let mut ahead: Option<(Range<usize>, Queue)> = None;
     loop {
+        if shared.stop.is_cancelled() {
+            return Err(RepoError::Cancelled);
+        }
         let (range, mut queue) = match ahead.take() {
             Some(next) => next,
             None => match take_reads()? {
@@ -566,7 +571,7 @@ fn writer(shared: &Shared, work: &Work) -> RepoResult<()> {
         };
         let mut last = false;
         let take_ahead = |fetcher: &mut Fetcher<'_>| {
-            if ahead.is_none() && !last {
+            if ahead.is_none() && !last && fetcher.has_room(pack_reads::VOLUME_MAX_READ) {
                 match take_reads()? {
                     Some(range) => ahead = Some((range, Queue::default())),
                     None => last = true,
@@ -579,7 +584,7 @@ fn writer(shared: &Shared, work: &Work) -> RepoResult<()> {
         };
         let each = |read: &PackRead, bytes: Bytes| write_read(shared, work, read, &bytes);
         fetcher.drain(&work.reads[range], &mut queue, each, take_ahead)?;
-        if last && ahead.is_none() {
+        if last {
             return Ok(());
         }
     }
@@ -652,7 +657,7 @@ fn write_read(shared: &Shared, work: &Work, read: &PackRead, bytes: &[u8]) -> Re
         }
         write_chunk(shared, &raw, *offset)?;
         // Counted as written (`bytes_read` of the progress): the flusher of
-        // [`write_windows`] syncs the target each [`FLUSH_BYTES`] of them.
+        // `write_windows` syncs the target each `FLUSH_BYTES` of them.
         let len = raw.len() as u64;
         shared.progress.bytes_read.fetch_add(len, Ordering::Relaxed);
         shared.progress.bytes_done.fetch_add(len, Ordering::Relaxed);
@@ -798,6 +803,83 @@ mod tests {
             assert!(matches!(result, Err(RepoError::MissingBlob { .. })), "{result:?}");
             assert!(!target.exists(), "window of {window}: the target was made");
         }
+        Ok(())
+    }
+
+    /// One writer over several units of reads, taking each next one while it writes the one
+    /// before: the volume (12 runs of 1 MiB of incompressible data between holes) restores
+    /// whole over a target full of other bytes; with the pack of its last chunk gone, the
+    /// restore fails on that read, started while an earlier unit was written.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_writer_takes_its_units_ahead_and_a_read_taken_ahead_fails_it() -> RepoResult<()> {
+        let cancel = CancellationToken::new();
+        let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+        let (repo, _) =
+            Repository::init(Arc::clone(&store), b"pw", &fast_options(), &cancel).await?;
+        let dir = tempfile::tempdir().unwrap();
+        let (run, hole) = (1usize << 20, 256usize << 10);
+        let mut bytes = vec![0u8; 12 * (run + hole)];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for n in 0..12 {
+            for b in &mut bytes[n * (run + hole)..n * (run + hole) + run] {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = x as u8;
+            }
+        }
+        let source = dir.path().join("source.img");
+        std::fs::write(&source, &bytes).unwrap();
+        let options = VolumeBackupOptions { chunk_size: 64 << 10, ..Default::default() };
+        let id = backup_volume(&repo, &source, &options, None, &cancel).await?.snapshot_id;
+
+        // The plan one writer follows: several units of reads.
+        let snapshot = repo.load_snapshot(&id, &cancel).await?;
+        let NodeBody::Volume { content, .. } = &snapshot.root.body else { panic!("a volume") };
+        let chunks = content.placed_chunks();
+        let index = repo.refresh_index(&cancel).await?;
+        let work = plan(chunks.clone(), Vec::new(), &index, 1)?;
+        let read_units = work.units.iter().filter(|u| matches!(u, Unit::Reads(_))).count();
+        assert!(read_units >= 3, "{read_units} units of reads");
+
+        let one = VolumeRestoreOptions { threads: 1, ..Default::default() };
+        let target = dir.path().join("over.img");
+        std::fs::write(&target, vec![0xeeu8; bytes.len()]).unwrap();
+        let place = Place::Path(&target);
+        let (id_, snap) = (&id, snapshot.clone());
+        restore_volume_leased(&repo, (id_, snap), place, &one, None, WINDOW_CHUNKS, &cancel)
+            .await?;
+        assert!(std::fs::read(&target).unwrap() == bytes, "the restored volume differs");
+
+        // The last chunk's pack is first reached near the volume's end: its reads are all in
+        // later units than the first, so taken ahead.
+        let last = index.lookup(&chunks.last().unwrap().1.id).unwrap();
+        let key = crate::repo::layout::pack(&last.pack)?;
+        let units_reading = work
+            .units
+            .iter()
+            .filter_map(|u| match u {
+                Unit::Reads(r) => Some(r.clone()),
+                Unit::Gaps(_) => None,
+            })
+            .enumerate()
+            .filter(|(_, r)| work.reads[r.clone()].iter().any(|read| read.key == key))
+            .map(|(n, _)| n);
+        assert!(units_reading.clone().count() > 0 && units_reading.min() > Some(0));
+        store.delete(&key, &cancel).await.unwrap();
+        let target = dir.path().join("broken.img");
+        let place = Place::Path(&target);
+        let result = restore_volume_leased(
+            &repo,
+            (&id, snapshot),
+            place,
+            &one,
+            None,
+            WINDOW_CHUNKS,
+            &cancel,
+        )
+        .await;
+        assert!(matches!(result, Err(RepoError::Store { .. })), "{result:?}");
         Ok(())
     }
 

@@ -91,8 +91,9 @@ cd /data && for f in $(ls | sort); do echo \"$f $(md5sum < $f | cut -d' ' -f1)\"
     assert_eq!(agent.len(), 1, "one agent pod on the one node");
     let old = name_of(&agent[0]);
     pods.delete(&old, &DeleteParams::default()).await?;
-    // The old agent stops (it checkpoints, it does not finish the upload in its grace period)
-    // and is gone before the upload completes: the new pod the DaemonSet starts completes it.
+    // The old agent stops (its storage location's network held, it can neither finish nor
+    // checkpoint) and is gone before the upload completes: the new pod the DaemonSet starts
+    // completes it once the network is let through.
     let deadline = Instant::now() + WAIT;
     while pods.get_opt(&old).await?.is_some() {
         assert!(
@@ -223,15 +224,8 @@ async fn a_canceled_upload_ends_canceled_and_leaves_nothing() -> TestResult {
     let _agent = node::AGENT.write().await;
     let client = node.client()?;
     let ns = node.namespace("cancel").await?;
-    node::create_pvc(&client, &ns, "big", "512Mi", "Block").await?;
-    node::run_pod(
-        &client,
-        &ns,
-        "big",
-        true,
-        "dd if=/dev/urandom of=/dev/volume bs=1M count=400 conv=fsync 2>/dev/null",
-    )
-    .await?;
+    node::create_pvc(&client, &ns, "big", "256Mi", "Block").await?;
+    node::run_pod(&client, &ns, "big", true, holder::WRITE_DEVICE).await?;
     let snapshot = node::snapshot(&client, &ns, "big").await?;
     // The transfer is stalled part-way (its storage location's network held), so the cancel
     // lands while data moves however fast the upload is; the network stays held until the
