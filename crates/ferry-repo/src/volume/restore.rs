@@ -541,8 +541,9 @@ fn run_writers(shared: &Shared, work: &Work, threads: usize) -> RepoResult<()> {
 /// fetcher's bounds have room for another, it takes its next unit (zeroing gap units on the
 /// way) and starts that one's reads while it writes the current one's: its link does not go
 /// idle for a round trip between units (within a window: the writers end with each window).
-/// Taking the next unit only when a read of it can start keeps the units for the writers
-/// that have room, so near a window's end no writer holds two while another has none.
+/// The next unit is taken only when a read of up to [`pack_reads::VOLUME_MAX_READ`] could
+/// start, so a unit taken ahead most often has its first read in flight at once instead of
+/// waiting behind the current one's.
 fn writer(shared: &Shared, work: &Work) -> RepoResult<()> {
     let zeros = vec![0u8; 1 << 20];
     // The next unit of reads, or None once none is left.
@@ -806,16 +807,40 @@ mod tests {
         Ok(())
     }
 
-    /// One writer over several units of reads, taking each next one while it writes the one
-    /// before: the volume (12 runs of 1 MiB of incompressible data between holes) restores
-    /// whole over a target full of other bytes; with the pack of its last chunk gone, the
-    /// restore fails on that read, started while an earlier unit was written.
+    /// Counts the ranged reads in flight at once, holding each a moment.
+    #[derive(Debug, Default)]
+    struct Overlap {
+        now: AtomicUsize,
+        most: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl ferry_store::Hook for Overlap {
+        async fn before(&self, call: ferry_store::Call<'_>) {
+            if let ferry_store::Call::GetRange(..) = call {
+                let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+                self.most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+        fn after(&self, call: ferry_store::Call<'_>, _ok: bool) {
+            if let ferry_store::Call::GetRange(..) = call {
+                self.now.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// One writer over several units of reads takes each next one while it writes the one
+    /// before: more reads are in flight at once than any unit has, and the volume (12 runs of
+    /// 1 MiB of incompressible data between holes) restores whole over a target full of other
+    /// bytes. With the pack of its last chunk gone, a pack read only a later unit makes, the
+    /// restore fails naming that pack.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_writer_takes_its_units_ahead_and_a_read_taken_ahead_fails_it() -> RepoResult<()> {
         let cancel = CancellationToken::new();
-        let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+        let memory: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
         let (repo, _) =
-            Repository::init(Arc::clone(&store), b"pw", &fast_options(), &cancel).await?;
+            Repository::init(Arc::clone(&memory), b"pw", &fast_options(), &cancel).await?;
         let dir = tempfile::tempdir().unwrap();
         let (run, hole) = (1usize << 20, 256usize << 10);
         let mut bytes = vec![0u8; 12 * (run + hole)];
@@ -830,7 +855,9 @@ mod tests {
         }
         let source = dir.path().join("source.img");
         std::fs::write(&source, &bytes).unwrap();
-        let options = VolumeBackupOptions { chunk_size: 64 << 10, ..Default::default() };
+        // One reader: the packs hold the volume in order, whatever the machine.
+        let options =
+            VolumeBackupOptions { chunk_size: 64 << 10, threads: 1, ..Default::default() };
         let id = backup_volume(&repo, &source, &options, None, &cancel).await?.snapshot_id;
 
         // The plan one writer follows: several units of reads.
@@ -839,34 +866,37 @@ mod tests {
         let chunks = content.placed_chunks();
         let index = repo.refresh_index(&cancel).await?;
         let work = plan(chunks.clone(), Vec::new(), &index, 1)?;
-        let read_units = work.units.iter().filter(|u| matches!(u, Unit::Reads(_))).count();
-        assert!(read_units >= 3, "{read_units} units of reads");
-
-        let one = VolumeRestoreOptions { threads: 1, ..Default::default() };
-        let target = dir.path().join("over.img");
-        std::fs::write(&target, vec![0xeeu8; bytes.len()]).unwrap();
-        let place = Place::Path(&target);
-        let (id_, snap) = (&id, snapshot.clone());
-        restore_volume_leased(&repo, (id_, snap), place, &one, None, WINDOW_CHUNKS, &cancel)
-            .await?;
-        assert!(std::fs::read(&target).unwrap() == bytes, "the restored volume differs");
-
-        // The last chunk's pack is first reached near the volume's end: its reads are all in
-        // later units than the first, so taken ahead.
-        let last = index.lookup(&chunks.last().unwrap().1.id).unwrap();
-        let key = crate::repo::layout::pack(&last.pack)?;
-        let units_reading = work
+        let units: Vec<Range<usize>> = work
             .units
             .iter()
             .filter_map(|u| match u {
                 Unit::Reads(r) => Some(r.clone()),
                 Unit::Gaps(_) => None,
             })
-            .enumerate()
-            .filter(|(_, r)| work.reads[r.clone()].iter().any(|read| read.key == key))
-            .map(|(n, _)| n);
-        assert!(units_reading.clone().count() > 0 && units_reading.min() > Some(0));
-        store.delete(&key, &cancel).await.unwrap();
+            .collect();
+        assert!(units.len() >= 3, "{} units of reads", units.len());
+        let widest = units.iter().map(ExactSizeIterator::len).max().unwrap();
+
+        let overlap = Arc::new(ferry_store::Hooked::new(memory.clone(), Overlap::default()));
+        let hooked = Repository::open(overlap.clone(), b"pw", &cancel).await?;
+        let one = VolumeRestoreOptions { threads: 1, ..Default::default() };
+        let target = dir.path().join("over.img");
+        std::fs::write(&target, vec![0xeeu8; bytes.len()]).unwrap();
+        let (place, snap) = (Place::Path(&target), snapshot.clone());
+        restore_volume_leased(&hooked, (&id, snap), place, &one, None, WINDOW_CHUNKS, &cancel)
+            .await?;
+        assert!(std::fs::read(&target).unwrap() == bytes, "the restored volume differs");
+        let most = overlap.hook().most.load(Ordering::SeqCst);
+        assert!(most > widest, "{most} reads at once, a unit has up to {widest}");
+
+        // The last chunk's pack is read in later units than the first only.
+        let last = index.lookup(&chunks.last().unwrap().1.id).unwrap();
+        let key = crate::repo::layout::pack(&last.pack)?;
+        let reading: Vec<usize> = (0..units.len())
+            .filter(|n| work.reads[units[*n].clone()].iter().any(|read| read.key == key))
+            .collect();
+        assert!(!reading.is_empty() && !reading.contains(&0), "read by units {reading:?}");
+        memory.delete(&key, &cancel).await.unwrap();
         let target = dir.path().join("broken.img");
         let place = Place::Path(&target);
         let result = restore_volume_leased(
@@ -879,7 +909,10 @@ mod tests {
             &cancel,
         )
         .await;
-        assert!(matches!(result, Err(RepoError::Store { .. })), "{result:?}");
+        assert!(
+            matches!(&result, Err(RepoError::Store { key: k, .. }) if *k == key.to_string()),
+            "{result:?}"
+        );
         Ok(())
     }
 

@@ -224,8 +224,17 @@ async fn a_canceled_upload_ends_canceled_and_leaves_nothing() -> TestResult {
     let _agent = node::AGENT.write().await;
     let client = node.client()?;
     let ns = node.namespace("cancel").await?;
-    node::create_pvc(&client, &ns, "big", "256Mi", "Block").await?;
-    node::run_pod(&client, &ns, "big", true, holder::WRITE_DEVICE).await?;
+    node::create_pvc(&client, &ns, "big", "512Mi", "Block").await?;
+    // Beyond what the agent reads ahead of the network, so bytes done stay short of the total
+    // while the transfer is held.
+    node::run_pod(
+        &client,
+        &ns,
+        "big",
+        true,
+        "dd if=/dev/urandom of=/dev/volume bs=1M count=400 conv=fsync 2>/dev/null",
+    )
+    .await?;
     let snapshot = node::snapshot(&client, &ns, "big").await?;
     // The transfer is stalled part-way (its storage location's network held), so the cancel
     // lands while data moves however fast the upload is; the network stays held until the
