@@ -33,9 +33,12 @@ pub(crate) async fn run(
         repo.store().delete(&key, cancel).await.map_err(|e| RepoError::store("delete", &key, e))?;
     }
     let mut report = MarkReport::default();
+    // The snapshots, then the index: a backup stores its index files before its snapshot, so
+    // every snapshot listed finds its blobs indexed (listed the other way round, a backup that
+    // committed between the two listings stopped the walk at a tree page the index lacked).
+    let snapshots = repo.snapshot_ids(cancel).await?;
     let builder = repo.build_index(HashSet::new(), cancel).await?;
     let index = blocking(move || builder.finish()).await?;
-    let snapshots = repo.snapshot_ids(cancel).await?;
     report.snapshots = snapshots.len() as u64;
     // What the snapshots reach, one bit per indexed blob (an unindexed chunk has no pack to
     // keep; an unindexed tree page stops the walk).

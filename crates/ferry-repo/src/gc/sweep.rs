@@ -52,7 +52,9 @@ pub(crate) async fn run(
     }
 
     // Everything that may have missed the mark has finished: what the snapshots reference
-    // now is all that can ever reference a condemned pack.
+    // now is all that can ever reference a condemned pack. The snapshots are listed before
+    // the index, as in the mark: each one listed finds its blobs indexed.
+    let snapshots = repo.snapshot_ids(cancel).await?;
     let index_ids = repo.index_ids(cancel).await?;
     let condemned: HashSet<PackId> = mark.condemned.iter().copied().collect();
     let orphans: HashSet<PackId> = mark.orphans.iter().copied().collect();
@@ -81,7 +83,6 @@ pub(crate) async fn run(
         repo.build_index_from(index_ids.clone(), condemned.clone(), inspect, cancel).await?;
     let view = blocking(move || builder.finish()).await?;
     let in_condemned = blocking(move || in_condemned.finish()).await?;
-    let snapshots = repo.snapshot_ids(cancel).await?;
     let locate = |id: &BlobId| view.lookup(id).or_else(|| in_condemned.lookup(id));
     let mut revived: HashSet<PackId> = HashSet::new();
     let mut revive = |id: &BlobId| {

@@ -395,3 +395,54 @@ async fn no_whole_sweep_fits_unseen_between_a_writers_two_listings() {
     assert_clean(&repo).await;
     assert_restores(&repo, &second.snapshot_id, &a).await;
 }
+
+/// Stores one backup (of `tree`, through `repo`) the first time the snapshots are listed
+/// through it, before that listing is answered.
+#[derive(Debug)]
+struct BackupOnSnapshotListing {
+    repo: ferry_repo::Repository,
+    tree: std::path::PathBuf,
+    stored: tokio::sync::Mutex<Option<ferry_repo::SnapshotId>>,
+}
+
+#[async_trait::async_trait]
+impl Hook for BackupOnSnapshotListing {
+    async fn before(&self, call: Call<'_>) {
+        if let Call::List(prefix) = call
+            && prefix.starts_with("snapshots")
+        {
+            let mut stored = self.stored.lock().await;
+            if stored.is_none() {
+                *stored = Some(backup(&self.repo, &self.tree).await.snapshot_id);
+            }
+        }
+    }
+}
+
+/// A backup that commits (packs, index, snapshot) while a collection marks, as the mark lists
+/// the snapshots: the collection walks every snapshot it lists, each finding its blobs
+/// indexed, and keeps the new one's data. (With the index read before the snapshots were
+/// listed, the walk stopped at the new snapshot's tree page, missing from the index.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_committed_as_the_mark_lists_the_snapshots_is_walked_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fs_store(&dir.path().join("repo"));
+    let repo = init(Arc::clone(&store)).await;
+    let first = tree(&dir.path().join("a"), &[1, 2]);
+    let kept = backup(&repo, &first).await.snapshot_id;
+    let second = tree(&dir.path().join("b"), &[3, 4]);
+    let hook = BackupOnSnapshotListing {
+        repo: open(Arc::clone(&store)).await,
+        tree: second.clone(),
+        stored: tokio::sync::Mutex::new(None),
+    };
+    let hooked: Arc<Hooked<BackupOnSnapshotListing>> =
+        Arc::new(Hooked::new(Arc::clone(&store), hook));
+    let collector = open(hooked.clone()).await;
+    let report = gc(&collector, &gc_options(), &CancellationToken::new()).await;
+    assert!(report.is_ok(), "{report:?}");
+    let racing = hooked.hook().stored.lock().await.expect("the backup ran during the mark");
+    assert_clean(&repo).await;
+    assert_restores(&repo, &kept, &first).await;
+    assert_restores(&repo, &racing, &second).await;
+}
