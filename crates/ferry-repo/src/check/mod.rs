@@ -88,6 +88,11 @@ pub async fn check(
         let c = Arc::clone(&counters);
         Ticker::start(progress, move || c.snapshot(0, false))
     };
+    // The snapshots are listed before the index is read: a backup stores its index files
+    // before its snapshot, so every snapshot listed finds its blobs in the index read after
+    // (the other way round, a backup committing in between had its blobs reported as in no
+    // index).
+    let ids = repo.snapshot_ids(cancel).await?;
     // Index files, each taken into the index as it is read (an unreadable one is a problem
     // like any other).
     let mut builder = IndexBuilder::new(HashSet::new());
@@ -148,7 +153,6 @@ pub async fn check(
     }
     drop(seen);
     // Snapshots and trees.
-    let ids = repo.snapshot_ids(cancel).await?;
     // What the snapshots reach: a bit per indexed blob, and the few ids no index holds (each
     // reported once).
     let mut reach = Reach {

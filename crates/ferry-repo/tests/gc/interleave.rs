@@ -1,4 +1,4 @@
-//! Backups, forgets and collections interleaved step by step, and all at once.
+//! Backups, forgets, collections and checks interleaved step by step, and all at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -439,10 +439,46 @@ async fn a_backup_committed_as_the_mark_lists_the_snapshots_is_walked_and_kept()
     let hooked: Arc<Hooked<BackupOnSnapshotListing>> =
         Arc::new(Hooked::new(Arc::clone(&store), hook));
     let collector = open(hooked.clone()).await;
-    let report = gc(&collector, &gc_options(), &CancellationToken::new()).await;
-    assert!(report.is_ok(), "{report:?}");
+    let report = gc(&collector, &gc_options(), &CancellationToken::new()).await.unwrap();
     let racing = hooked.hook().stored.lock().await.expect("the backup ran during the mark");
+    // The listing was answered after the backup committed: both snapshots were walked, and
+    // nothing they reference was condemned.
+    let mark = report.mark.as_ref().expect("a mark ran");
+    assert_eq!(mark.snapshots, 2, "{mark:?}");
+    assert_eq!(mark.condemned_packs, 0, "{mark:?}");
     assert_clean(&repo).await;
     assert_restores(&repo, &kept, &first).await;
     assert_restores(&repo, &racing, &second).await;
+}
+
+/// A backup that commits while `check` lists the snapshots: the check reports the snapshots
+/// it listed and nothing wrong. (With the index read before the snapshots were listed, the new
+/// snapshot's blobs were reported as in no index.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_committed_as_check_lists_the_snapshots_is_no_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fs_store(&dir.path().join("repo"));
+    let repo = init(Arc::clone(&store)).await;
+    let first = tree(&dir.path().join("a"), &[1, 2]);
+    backup(&repo, &first).await;
+    let hook = BackupOnSnapshotListing {
+        repo: open(Arc::clone(&store)).await,
+        tree: tree(&dir.path().join("b"), &[3, 4]),
+        stored: tokio::sync::Mutex::new(None),
+    };
+    let hooked: Arc<Hooked<BackupOnSnapshotListing>> =
+        Arc::new(Hooked::new(Arc::clone(&store), hook));
+    let checker = open(hooked.clone()).await;
+    let report = ferry_repo::check(
+        &checker,
+        ferry_repo::CheckOptions { read_data: true, subset: None },
+        None,
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert!(hooked.hook().stored.lock().await.is_some(), "the backup ran during the check");
+    assert!(report.is_ok(), "check found problems: {:#?}", report.problems);
+    // The listing was answered after the backup committed: both snapshots were checked.
+    assert_eq!(report.snapshots, 2, "{report:?}");
 }
