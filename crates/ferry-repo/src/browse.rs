@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobId, Node, NodeBody, Snapshot};
-use crate::repo::Repository;
+use crate::repo::{MemIndex, Repository};
 use crate::restore::MAX_DEPTH;
 
 /// The components of `path` inside a snapshot: relative or absolute, `.` ignored; `..` and
@@ -46,6 +46,18 @@ pub async fn find_node(
     path: &Path,
     cancel: &CancellationToken,
 ) -> RepoResult<Node> {
+    find_node_in(repo, None, snapshot, path, cancel).await
+}
+
+/// As [`find_node`], with the tree pages found by `index` when given (see
+/// [`Repository::read_tree_in`]), else by the handle's.
+pub(crate) async fn find_node_in(
+    repo: &Repository,
+    index: Option<&MemIndex>,
+    snapshot: &Snapshot,
+    path: &Path,
+    cancel: &CancellationToken,
+) -> RepoResult<Node> {
     let mut node = snapshot.root.clone();
     let mut walked = PathBuf::from("/");
     for name in snapshot_path(path)? {
@@ -56,7 +68,7 @@ pub async fn find_node(
             });
         };
         walked.push(std::ffi::OsStr::new(&*String::from_utf8_lossy(&name)));
-        node = find_in_dir(repo, pages, &name, &walked, cancel).await?.ok_or_else(|| {
+        node = find_in_dir(repo, index, pages, &name, &walked, cancel).await?.ok_or_else(|| {
             RepoError::InvalidInput {
                 what: "path in snapshot",
                 reason: format!("{} is not in the snapshot", walked.display()),
@@ -70,6 +82,7 @@ pub async fn find_node(
 /// pages follow each other in name order, so the search stops at the first larger name).
 async fn find_in_dir(
     repo: &Repository,
+    index: Option<&MemIndex>,
     pages: &[BlobId],
     name: &[u8],
     path: &Path,
@@ -77,7 +90,10 @@ async fn find_in_dir(
 ) -> RepoResult<Option<Node>> {
     let referrer = format!("directory {}", path.parent().unwrap_or(path).display());
     for page in pages {
-        let tree = repo.read_tree(page, &referrer, cancel).await?;
+        let tree = match index {
+            Some(index) => repo.read_tree_in(index, page, &referrer, cancel).await?,
+            None => repo.read_tree(page, &referrer, cancel).await?,
+        };
         match tree.entries.binary_search_by(|n| n.name.as_slice().cmp(name)) {
             Ok(i) => return Ok(tree.entries.into_iter().nth(i)),
             Err(i) if i < tree.entries.len() => return Ok(None),

@@ -56,7 +56,8 @@ impl ParentDir {
             }
             let page = self.pages.pop_front()?;
             let cancel = shared.stop.clone();
-            match shared.handle.block_on(shared.repo.read_tree(
+            match shared.handle.block_on(shared.repo.read_tree_in(
+                &shared.index,
                 &page,
                 "the parent snapshot",
                 &cancel,

@@ -484,20 +484,51 @@ impl Repository {
             .await
     }
 
-    /// Reads, authenticates and verifies one blob.
+    /// Where `id` is stored, by the loaded index; when that lacks it, by the index reloaded if
+    /// it changed since it was loaded (a long-lived handle reading a snapshot stored after
+    /// its index loaded finds its blobs so).
+    async fn lookup_fresh(
+        &self,
+        id: &BlobId,
+        referrer: &str,
+        cancel: &CancellationToken,
+    ) -> RepoResult<(Arc<MemIndex>, BlobLocation)> {
+        let index = self.index(cancel).await?;
+        if let Some(loc) = index.lookup(id) {
+            return Ok((index, loc));
+        }
+        let index = self.refresh_index(cancel).await?;
+        match index.lookup(id) {
+            Some(loc) => Ok((index, loc)),
+            None => Err(RepoError::MissingBlob { id: *id, referrer: referrer.to_owned() }),
+        }
+    }
+
+    /// Reads, authenticates and verifies one blob (the library reads tree pages by
+    /// [`Self::read_tree`], [`Self::read_tree_in`] or [`Self::read_tree_at`], and data through
+    /// `pack_reads`).
+    #[cfg(test)]
     pub(crate) async fn read_blob(
         &self,
         id: &BlobId,
         referrer: &str,
         cancel: &CancellationToken,
     ) -> RepoResult<Vec<u8>> {
-        let index = self.index(cancel).await?;
-        let loc = index
-            .lookup(id)
-            .ok_or_else(|| RepoError::MissingBlob { id: *id, referrer: referrer.to_owned() })?;
+        let (index, loc) = self.lookup_fresh(id, referrer, cancel).await?;
+        self.read_located(&index, id, loc, cancel).await
+    }
+
+    /// Reads, authenticates and verifies blob `id`, stored at `loc` by `index`.
+    async fn read_located(
+        &self,
+        index: &MemIndex,
+        id: &BlobId,
+        loc: BlobLocation,
+        cancel: &CancellationToken,
+    ) -> RepoResult<Vec<u8>> {
         let key = layout::pack(&loc.pack)?;
         let sealed = if loc.kind == ObjectKind::TreeBlob {
-            self.tree_pack_bytes(&index, &loc, cancel).await?
+            self.tree_pack_bytes(index, &loc, cancel).await?
         } else {
             None
         };
@@ -559,15 +590,48 @@ impl Repository {
         Ok((end <= pack.len()).then(|| pack.slice(start..end)))
     }
 
-    /// Reads and decodes one tree page.
+    /// Reads and decodes one tree page, found by the handle's index (reloaded if it lacks the
+    /// page and changed since it loaded): for looking into a snapshot with no index of one's
+    /// own.
     pub(crate) async fn read_tree(
         &self,
         id: &BlobId,
         referrer: &str,
         cancel: &CancellationToken,
     ) -> RepoResult<TreePage> {
-        let index = self.index(cancel).await?;
-        if let Some(loc) = index.lookup(id).filter(|l| l.kind != ObjectKind::TreeBlob) {
+        let (index, loc) = self.lookup_fresh(id, referrer, cancel).await?;
+        self.read_tree_located(&index, id, loc, referrer, cancel).await
+    }
+
+    /// Reads and decodes one tree page, found by `index` only: for a restore (its snapshot is
+    /// loaded before its index, so that holds every page it reads) or a backup's walk of its
+    /// parent (chosen by the caller before the backup loads its index; a page missing there is
+    /// read around), neither of which may see the handle's index swapped under it: another
+    /// operation on the same handle may reload that without the packs a pending collection
+    /// condemned, which the running one may still read (`FORMAT.md`).
+    pub(crate) async fn read_tree_in(
+        &self,
+        index: &MemIndex,
+        id: &BlobId,
+        referrer: &str,
+        cancel: &CancellationToken,
+    ) -> RepoResult<TreePage> {
+        let loc = index
+            .lookup(id)
+            .ok_or_else(|| RepoError::MissingBlob { id: *id, referrer: referrer.to_owned() })?;
+        self.read_tree_located(index, id, loc, referrer, cancel).await
+    }
+
+    /// Reads and decodes tree page `id`, stored at `loc` by `index`.
+    async fn read_tree_located(
+        &self,
+        index: &MemIndex,
+        id: &BlobId,
+        loc: BlobLocation,
+        referrer: &str,
+        cancel: &CancellationToken,
+    ) -> RepoResult<TreePage> {
+        if loc.kind != ObjectKind::TreeBlob {
             return Err(RepoError::corrupt(
                 format!("{} {id} referenced as a tree by {referrer}", loc.kind),
                 crate::format::FormatError::WrongKind {
@@ -576,7 +640,7 @@ impl Repository {
                 },
             ));
         }
-        let raw = self.read_blob(id, referrer, cancel).await?;
+        let raw = self.read_located(index, id, loc, cancel).await?;
         TreePage::decode(&raw).map_err(|e| RepoError::corrupt(format!("tree blob {id}"), e))
     }
 
@@ -600,16 +664,22 @@ impl Repository {
         TreePage::decode(&raw).map_err(|e| RepoError::corrupt(&object, e))
     }
 
-    /// Where a blob is stored, loading the index if needed.
+    /// Where a blob is stored, by the handle's index, loading it if needed (and reloading it,
+    /// if it changed, for a blob it lacks); `None` for a blob that index does not hold (an
+    /// index loaded after a collection's mark leaves out the packs it condemned).
     ///
     /// # Errors
-    /// As loading the index.
+    /// As loading the index; listing `index/` and the collection's marks.
     pub async fn locate(
         &self,
         id: &BlobId,
         cancel: &CancellationToken,
     ) -> RepoResult<Option<BlobLocation>> {
-        Ok(self.index(cancel).await?.lookup(id))
+        match self.lookup_fresh(id, "", cancel).await {
+            Ok((_, loc)) => Ok(Some(loc)),
+            Err(RepoError::MissingBlob { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -229,7 +229,7 @@ async fn restore_leased(
     let index = repo.refresh_index(cancel).await?;
     let root = match &options.subtree {
         Some(path) if matches!(snapshot.root.body, NodeBody::Dir { .. }) => {
-            crate::browse::find_node(repo, &snapshot, path, cancel).await?
+            crate::browse::find_node_in(repo, Some(&index), &snapshot, path, cancel).await?
         }
         Some(_) => {
             return Err(RepoError::InvalidInput {
@@ -422,7 +422,12 @@ pub(crate) fn for_each_entry(
             return Err(RepoError::Cancelled);
         }
         let referrer = format!("directory {}", path.display());
-        let tree = shared.handle.block_on(shared.repo.read_tree(page, &referrer, &shared.stop))?;
+        let tree = shared.handle.block_on(shared.repo.read_tree_in(
+            &shared.index,
+            page,
+            &referrer,
+            &shared.stop,
+        ))?;
         if let (Some(prev), Some(first)) = (&last, tree.entries.first())
             && first.name <= *prev
         {

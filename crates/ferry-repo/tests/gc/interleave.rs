@@ -419,6 +419,19 @@ impl Hook for BackupOnSnapshotListing {
     }
 }
 
+/// `store`, storing one backup of `tree` the first time the snapshots are listed through it.
+async fn backup_on_snapshot_listing(
+    store: &Arc<dyn ObjectStore>,
+    tree: std::path::PathBuf,
+) -> Arc<Hooked<BackupOnSnapshotListing>> {
+    let hook = BackupOnSnapshotListing {
+        repo: open(Arc::clone(store)).await,
+        tree,
+        stored: tokio::sync::Mutex::new(None),
+    };
+    Arc::new(Hooked::new(Arc::clone(store), hook))
+}
+
 /// A backup that commits (packs, index, snapshot) while a collection marks, as the mark lists
 /// the snapshots: the collection walks every snapshot it lists, each finding its blobs
 /// indexed, and keeps the new one's data. (With the index read before the snapshots were
@@ -431,13 +444,7 @@ async fn a_backup_committed_as_the_mark_lists_the_snapshots_is_walked_and_kept()
     let first = tree(&dir.path().join("a"), &[1, 2]);
     let kept = backup(&repo, &first).await.snapshot_id;
     let second = tree(&dir.path().join("b"), &[3, 4]);
-    let hook = BackupOnSnapshotListing {
-        repo: open(Arc::clone(&store)).await,
-        tree: second.clone(),
-        stored: tokio::sync::Mutex::new(None),
-    };
-    let hooked: Arc<Hooked<BackupOnSnapshotListing>> =
-        Arc::new(Hooked::new(Arc::clone(&store), hook));
+    let hooked = backup_on_snapshot_listing(&store, second.clone()).await;
     let collector = open(hooked.clone()).await;
     let report = gc(&collector, &gc_options(), &CancellationToken::new()).await.unwrap();
     let racing = hooked.hook().stored.lock().await.expect("the backup ran during the mark");
@@ -461,13 +468,7 @@ async fn a_backup_committed_as_check_lists_the_snapshots_is_no_problem() {
     let repo = init(Arc::clone(&store)).await;
     let first = tree(&dir.path().join("a"), &[1, 2]);
     backup(&repo, &first).await;
-    let hook = BackupOnSnapshotListing {
-        repo: open(Arc::clone(&store)).await,
-        tree: tree(&dir.path().join("b"), &[3, 4]),
-        stored: tokio::sync::Mutex::new(None),
-    };
-    let hooked: Arc<Hooked<BackupOnSnapshotListing>> =
-        Arc::new(Hooked::new(Arc::clone(&store), hook));
+    let hooked = backup_on_snapshot_listing(&store, tree(&dir.path().join("b"), &[3, 4])).await;
     let checker = open(hooked.clone()).await;
     let report = ferry_repo::check(
         &checker,
@@ -481,4 +482,77 @@ async fn a_backup_committed_as_check_lists_the_snapshots_is_no_problem() {
     assert!(report.is_ok(), "check found problems: {:#?}", report.problems);
     // The listing was answered after the backup committed: both snapshots were checked.
     assert_eq!(report.snapshots, 2, "{report:?}");
+}
+
+/// A backup that commits while a sweep lists the snapshots: the sweep walks it (its blobs
+/// found in the index read after) and deletes only what the mark condemned. (With the index
+/// read before the snapshots were listed, the sweep stopped at the new snapshot's blobs,
+/// missing from its index.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_committed_as_the_sweep_lists_the_snapshots_is_walked_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fs_store(&dir.path().join("repo"));
+    let repo = init(Arc::clone(&store)).await;
+    let (options, cancel) = (gc_options(), CancellationToken::new());
+    let first = tree(&dir.path().join("a"), &[1, 2]);
+    let kept = backup(&repo, &first).await.snapshot_id;
+    let gone = backup(&repo, &tree(&dir.path().join("x"), &[5, 6])).await.snapshot_id;
+    forget(&repo, &[gone], &cancel).await.unwrap();
+    let mark = gc_mark(&repo, &options, &cancel).await.unwrap();
+    assert!(mark.condemned_packs >= 1 && mark.writers == 0, "{mark:?}");
+    let second = tree(&dir.path().join("b"), &[3, 4]);
+    let hooked = backup_on_snapshot_listing(&store, second.clone()).await;
+    let swept = gc_sweep(&open(hooked.clone()).await, &options, &cancel).await.unwrap();
+    let racing = hooked.hook().stored.lock().await.expect("the backup ran during the sweep");
+    let SweepReport::Swept(stats) = swept else { panic!("{swept:?}") };
+    assert_eq!(stats.revived_packs, 0, "{stats:?}");
+    assert_clean(&repo).await;
+    assert_restores(&repo, &kept, &first).await;
+    assert_restores(&repo, &racing, &second).await;
+}
+
+/// A restore reads its snapshot's tree pages by the index it loaded under its lease, even once
+/// another operation on the same handle has reloaded the handle's index without the packs a
+/// newer mark condemned (the restore is among that mark's writers, so those packs outlive it).
+/// Looked up in the handle's index, its next tree page went missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_reads_its_trees_by_its_own_index_when_the_handles_is_reloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fs_store(&dir.path().join("repo"));
+    let repo = init(Arc::clone(&store)).await;
+    let cancel = CancellationToken::new();
+    let source = tree(&dir.path().join("a"), &[1, 2, 3, 4]);
+    let id = backup(&repo, &source).await.snapshot_id;
+    let ferry_repo::format::NodeBody::Dir { pages } =
+        repo.load_snapshot(&id, &cancel).await.unwrap().root.body
+    else {
+        panic!("a directory snapshot")
+    };
+    // The restore stops at its first pack read: its lease is held and its index loaded.
+    let gate = Gate::reads(Arc::clone(&store), "data/");
+    let shared = open(gate.clone()).await;
+    let target = dir.path().join("out");
+    let restoring = {
+        let (shared, target) = (shared.clone(), target.clone());
+        tokio::spawn(async move {
+            let options = RestoreOptions::default();
+            restore(&shared, &id, &target, &options, None, &CancellationToken::new()).await
+        })
+    };
+    gate.hook().wait_arrivals(1).await;
+    forget(&repo, &[id], &cancel).await.unwrap();
+    let mark = gc_mark(&repo, &gc_options(), &cancel).await.unwrap();
+    assert!(mark.condemned_packs >= 1 && mark.writers == 1, "{mark:?}");
+    // Another operation on the handle misses a blob: the handle's index is reloaded, and no
+    // longer holds the snapshot's (condemned) tree pages.
+    let nothing = ferry_repo::format::BlobId([0; 32]);
+    assert!(shared.locate(&nothing, &cancel).await.unwrap().is_none());
+    assert!(shared.locate(&pages[0], &cancel).await.unwrap().is_none(), "index reloaded");
+    gate.hook().open();
+    restoring.await.unwrap().expect("the restore reads by its own index");
+    compare(&source, &target);
+    // Once the restore is gone, the sweep takes the condemned packs.
+    let swept = gc_sweep(&repo, &gc_options(), &cancel).await.unwrap();
+    assert!(matches!(swept, SweepReport::Swept(_)), "{swept:?}");
+    assert_clean(&repo).await;
 }

@@ -126,10 +126,11 @@ pub async fn gc_until_done(repo: &Repository, options: &GcOptions) -> GcReport {
     panic!("gc lock never freed");
 }
 
-/// Holds `put_if_absent` of keys under a prefix until the gate opens (a [`Hook`]).
+/// Holds writes (or reads) of keys under a prefix until the gate opens (a [`Hook`]).
 #[derive(Debug)]
 pub struct Gate {
     prefix: String,
+    reads: bool,
     open: watch::Sender<bool>,
     pub arrived: watch::Sender<u64>,
 }
@@ -137,8 +138,18 @@ pub struct Gate {
 impl Gate {
     /// `inner` with a closed gate in front of writes under `prefix`.
     pub fn store(inner: Arc<dyn ObjectStore>, prefix: &str) -> Arc<Hooked<Self>> {
+        Self::new(inner, prefix, false)
+    }
+
+    /// `inner` with a closed gate in front of reads (whole or ranged) under `prefix`.
+    pub fn reads(inner: Arc<dyn ObjectStore>, prefix: &str) -> Arc<Hooked<Self>> {
+        Self::new(inner, prefix, true)
+    }
+
+    fn new(inner: Arc<dyn ObjectStore>, prefix: &str, reads: bool) -> Arc<Hooked<Self>> {
         let gate = Self {
             prefix: prefix.to_owned(),
+            reads,
             open: watch::Sender::new(false),
             arrived: watch::Sender::new(0),
         };
@@ -149,7 +160,7 @@ impl Gate {
         self.open.send_replace(true);
     }
 
-    /// Waits (bounded) until `n` writes are held at the gate.
+    /// Waits (bounded) until `n` calls are held at the gate.
     pub async fn wait_arrivals(&self, n: u64) {
         let mut rx = self.arrived.subscribe();
         tokio::time::timeout(Duration::from_secs(60), rx.wait_for(|v| *v >= n))
@@ -162,7 +173,12 @@ impl Gate {
 #[async_trait]
 impl Hook for Gate {
     async fn before(&self, call: Call<'_>) {
-        if matches!(call, Call::Put(key) if key.as_str().starts_with(&self.prefix)) {
+        let held = if self.reads {
+            matches!(call, Call::Get(_) | Call::GetAtMost(..) | Call::GetRange(..))
+        } else {
+            matches!(call, Call::Put(_))
+        };
+        if held && call.key().starts_with(&self.prefix) {
             self.arrived.send_modify(|v| *v += 1);
             let mut rx = self.open.subscribe();
             let _ = tokio::time::timeout(Duration::from_secs(120), rx.wait_for(|o| *o)).await;

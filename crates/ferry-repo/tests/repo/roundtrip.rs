@@ -405,3 +405,27 @@ async fn a_directory_of_large_entries_is_paged_by_size() -> TestResult {
     assert_same_tree(src.path(), out.path());
     Ok(())
 }
+
+/// A handle whose index loaded before another handle stored a snapshot still reads that
+/// snapshot's trees: a blob its loaded index lacks makes it reload the index once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_lived_handle_reads_a_snapshot_stored_after_its_index_loaded() -> TestResult {
+    let cancel = CancellationToken::new();
+    let (early, store) = memory_repo().await;
+    let first = tempfile::tempdir()?;
+    std::fs::write(first.path().join("a"), noise(10_000, 1))?;
+    backup_tree(&early, first.path(), &BackupOptions::default(), None, &cancel).await?;
+    let dyn_store: Arc<dyn ferry_store::ObjectStore> = store;
+    let other = ferry_repo::Repository::open(dyn_store, b"secret", &cancel).await?;
+    let second = tempfile::tempdir()?;
+    std::fs::create_dir_all(second.path().join("d/e"))?;
+    std::fs::write(second.path().join("d/e/f"), noise(10_000, 2))?;
+    let later =
+        backup_tree(&other, second.path(), &BackupOptions::default(), None, &cancel).await?;
+    let snapshot = early.load_snapshot(&later.snapshot_id, &cancel).await?;
+    let node =
+        ferry_repo::browse::find_node(&early, &snapshot, std::path::Path::new("d/e/f"), &cancel)
+            .await?;
+    assert!(matches!(node.body, ferry_repo::format::NodeBody::File(_)), "{:?}", node.body);
+    Ok(())
+}
