@@ -396,12 +396,13 @@ fn copy_packs(
             let raw = opener
                 .open(source.keys(), &e.id, (e.kind, e.raw_length), (*pack, e.offset), sealed)
                 .map_err(|err| corrupt(format!("{} {} in pack {key}", e.kind, e.id), err))?;
-            let kind = if e.kind == ObjectKind::TreeBlob {
-                ObjectKind::TreeBlob
-            } else {
-                ObjectKind::DataBlob
-            };
-            packer.add(kind, e.id, &raw)?;
+            // A blob its source framed (a volume's chunks, too large for a file's frame) is
+            // framed again.
+            match e.kind {
+                ObjectKind::TreeBlob => packer.add(ObjectKind::TreeBlob, e.id, &raw)?,
+                ObjectKind::FramedData => packer.add_framed(e.id, &raw)?,
+                _ => packer.add(ObjectKind::DataBlob, e.id, &raw)?,
+            }
             blobs += 1;
         }
     }

@@ -18,8 +18,9 @@ pub enum RepoFormat {
     /// data packs' headers padded to [`crate::format::HEADER_PADDING`] so a pack's header
     /// tells its blob count only to within about 93.
     V2,
-    /// Format 3: format 2, and data blobs smaller than [`crate::format::FRAMED_MAX`] stored
-    /// together in frames ([`crate::format::frame`]) compressed and sealed as one.
+    /// Format 3: format 2, and small data blobs (a file backup's under
+    /// [`crate::format::FRAMED_MAX`], a volume backup's under 512 KiB) stored together in
+    /// frames ([`crate::format::frame`]) compressed and sealed as one.
     #[default]
     V3,
 }

@@ -2,7 +2,8 @@
 //!
 //! Most files are far smaller than a chunk, and zstd compresses a run of small inputs much
 //! better together than one by one (FORMAT.md, "Frames"). A frame holds data blobs smaller
-//! than [`FRAMED_MAX`] until their bytes reach [`FRAME_TARGET`]; its plaintext is
+//! than [`FRAMED_MAX`] (a volume backup's, smaller than 512 KiB) until their bytes reach
+//! [`FRAME_TARGET`]; its plaintext is
 //!
 //! ```text
 //! blob bytes, one after another
@@ -24,7 +25,9 @@ use crate::format::{
     BlobId, FormatError, ObjectKind, PackId, RepoKeys, associated_data, compress, open_blob,
 };
 
-/// Data blobs shorter than this are stored in frames (format 3); longer ones alone.
+/// A file backup's data blobs shorter than this are stored in frames (format 3); longer ones
+/// alone. (A volume backup frames its chunks under 512 KiB; readers take frames of any
+/// blobs' sizes.)
 pub const FRAMED_MAX: usize = 128 << 10;
 /// A frame is sealed once its blobs' bytes and its table reach this (so a frame of tiny
 /// blobs holds at most about 87,000 of them).
@@ -47,12 +50,6 @@ pub struct FrameBuilder {
 }
 
 impl FrameBuilder {
-    /// Whether `raw` (a data blob) belongs in a frame.
-    #[must_use]
-    pub fn takes(raw: &[u8]) -> bool {
-        raw.len() < FRAMED_MAX
-    }
-
     /// Adds one blob.
     pub fn push(&mut self, id: BlobId, raw: &[u8]) {
         self.data.extend_from_slice(raw);

@@ -283,6 +283,8 @@ pub(crate) struct LocalPacker {
     scratch: SealScratch,
     /// Small data blobs gathered for one frame (format 3), with scratch space to seal it.
     frame: Option<Box<FrameScratch>>,
+    /// Data blobs shorter than this go into frames.
+    framed_max: usize,
 }
 
 #[derive(Debug, Default)]
@@ -307,18 +309,39 @@ impl LocalPacker {
             target: repo.config().packs.target_size as usize,
             scratch: SealScratch::default(),
             frame: repo.config().format.frames().then(Box::default),
+            framed_max: crate::format::FRAMED_MAX,
         }
+    }
+
+    /// Frames data blobs shorter than `max` (instead of [`crate::format::FRAMED_MAX`]).
+    pub(crate) fn framing_below(mut self, max: usize) -> Self {
+        self.framed_max = max;
+        self
     }
 
     /// Compresses, encrypts and packs one blob (in format 3, a small data blob goes into
     /// this worker's frame, stored when the frame is full or at [`LocalPacker::finish`]).
     pub(crate) fn add(&mut self, kind: ObjectKind, id: BlobId, raw: &[u8]) -> RepoResult<()> {
+        let framed = kind == ObjectKind::DataBlob && raw.len() < self.framed_max;
+        self.add_placed(kind, id, raw, framed)
+    }
+
+    /// Packs one data blob into this worker's frame whatever its size (in format 3; as
+    /// [`LocalPacker::add`] otherwise): for a copy of a blob its source stored framed.
+    pub(crate) fn add_framed(&mut self, id: BlobId, raw: &[u8]) -> RepoResult<()> {
+        self.add_placed(ObjectKind::DataBlob, id, raw, true)
+    }
+
+    fn add_placed(
+        &mut self,
+        kind: ObjectKind,
+        id: BlobId,
+        raw: &[u8],
+        framed: bool,
+    ) -> RepoResult<()> {
         self.stats.raw_bytes.fetch_add(raw.len() as u64, Ordering::Relaxed);
         self.stats.blobs.fetch_add(1, Ordering::Relaxed);
-        if kind == ObjectKind::DataBlob
-            && FrameBuilder::takes(raw)
-            && let Some(scratch) = &mut self.frame
-        {
+        if framed && let Some(scratch) = &mut self.frame {
             if scratch.frame.is_empty() {
                 self.sink.unsealed.fetch_add(1, Ordering::Relaxed);
             }

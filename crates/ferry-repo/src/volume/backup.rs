@@ -9,7 +9,8 @@
 //! A reader asks the kernel to read its whole segment, and the one a reader will take next,
 //! in the background (`POSIX_FADV_WILLNEED`), so the device streams while the readers compute;
 //! a finished segment is dropped from the page cache.
-//! Memory: one chunk buffer and two sealing buffers per reader, the shared open packs, the
+//! Memory: one chunk buffer, two sealing buffers and one frame (about 1 MiB, with about 2 MiB
+//! to compress and seal it) per reader, the shared open packs, the
 //! packs being uploaded (their buffers kept for the next packs), and one 33-byte slot per
 //! chunk of the device.
 
@@ -356,7 +357,8 @@ fn run_readers(shared: &Shared, sink: &PackSink, threads: usize, level: i32) -> 
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads.max(1))
             .map(|_| {
-                let packer = LocalPacker::new(&shared.repo, sink, &stats, level);
+                let packer = LocalPacker::new(&shared.repo, sink, &stats, level)
+                    .framing_below(super::VOLUME_FRAMED_MAX);
                 scope.spawn(move || {
                     if let Err(e) = read_segments(shared, packer) {
                         shared.fail(e);

@@ -30,6 +30,10 @@ use crate::format::SnapshotId;
 /// Default volume chunk size: 256 KiB (see `VOLUMES.md`).
 pub const DEFAULT_VOLUME_CHUNK: u32 = 256 << 10;
 
+/// Volume chunks shorter than this (the default 256 KiB ones included) are compressed
+/// together in frames of about 1 MiB (format 3; see `VOLUMES.md`).
+pub(crate) const VOLUME_FRAMED_MAX: usize = 512 << 10;
+
 /// Default zstd level for volume data: 1, a little faster than file data's 3 for about 6 %
 /// more stored bytes, since a volume backup reads every allocated byte every time (see
 /// `VOLUMES.md`).

@@ -2,8 +2,8 @@
 //! threads zero the gaps (or skip them when the target is known to read as zeros) and take
 //! the pack reads in turn: the chunks are grouped by pack, not by device offset, so each
 //! stored byte is downloaded at most once a window (below), in ranged reads of up to
-//! [`pack_reads::VOLUME_MAX_READ`], whichever device ranges its chunks go to (a frame of short
-//! chunks from all over the volume is opened once); each chunk is verified and written in
+//! [`pack_reads::VOLUME_MAX_READ`], whichever device ranges its chunks go to (a frame of chunks
+//! from all over the volume is opened once); each chunk is verified and written in
 //! place. A writer starts the reads of its next unit of work while it writes the last of the
 //! current one's. A flusher syncs the target as the data comes in, and an fsync ends the
 //! restore. A volume of more than [`WINDOW_CHUNKS`] chunks is planned and written that many

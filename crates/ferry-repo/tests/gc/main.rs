@@ -139,3 +139,60 @@ async fn a_repack_keeps_a_frames_live_blobs_and_drops_its_dead_ones() {
     let again = gc(&repo, &options, &CancellationToken::new()).await.unwrap();
     assert_eq!(again.mark.map(|m| m.repacked_packs), Some(0), "nothing left to repack");
 }
+
+/// A volume's chunks lie four to a frame: once a snapshot whose changed chunks left a dead one
+/// in each frame is forgotten, a collection rewrites those frames with their three live chunks,
+/// and the other snapshot restores bit for bit and checks clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repack_rewrites_a_volumes_frames_without_their_dead_chunks() {
+    use ferry_repo::{VolumeBackupOptions, VolumeRestoreOptions, backup_volume, restore_volume};
+    let store: Arc<dyn ObjectStore> = Arc::new(ferry_store::MemoryStore::new());
+    let repo = init(Arc::clone(&store)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (chunk, chunks) = (256usize << 10, 32usize);
+    let mut image: Vec<u8> = (0..)
+        .flat_map(|i: u32| format!("line {i} of a volume, {}\n", i % 83).into_bytes())
+        .take(chunk * chunks)
+        .collect();
+    let path = dir.path().join("volume.img");
+    let cancel = CancellationToken::new();
+    std::fs::write(&path, &image).unwrap();
+    let options = VolumeBackupOptions::default();
+    let first = backup_volume(&repo, &path, &options, None, &cancel).await.unwrap();
+    let snapshot = repo.load_snapshot(&first.snapshot_id, &cancel).await.unwrap();
+    let ferry_repo::format::NodeBody::Volume { content, .. } = &snapshot.root.body else {
+        panic!("a volume snapshot")
+    };
+    let framed = ferry_repo::format::ObjectKind::FramedData;
+    for c in &content.chunks {
+        assert_eq!(repo.locate(&c.id, &cancel).await.unwrap().map(|l| l.kind), Some(framed));
+    }
+    // The first chunk of every four changes: each of the first snapshot's frames keeps three
+    // chunks the second one shares.
+    for n in (0..chunks).step_by(4) {
+        image[n * chunk..n * chunk + 64].copy_from_slice(&noise(64, n as u8));
+    }
+    std::fs::write(&path, &image).unwrap();
+    let options = VolumeBackupOptions { parent: Some(first.snapshot_id), ..options };
+    let second = backup_volume(&repo, &path, &options, None, &cancel).await.unwrap();
+    assert_eq!(second.bytes_new, (chunks / 4 * chunk) as u64, "{second:?}");
+    forget(&repo, &[first.snapshot_id], &cancel).await.unwrap();
+    let mut gc_opts = gc_options();
+    gc_opts.repack_dead_fraction = 0.2;
+    let report = gc(&repo, &gc_opts, &cancel).await.unwrap();
+    let mark = report.mark.clone().unwrap();
+    assert_eq!(mark.repacked_blobs, (chunks / 4 * 3) as u64, "the live chunks: {report:?}");
+    assert_clean(&repo).await;
+    let out = dir.path().join("restored.img");
+    restore_volume(
+        &repo,
+        &second.snapshot_id,
+        &out,
+        &VolumeRestoreOptions::default(),
+        None,
+        &cancel,
+    )
+    .await
+    .unwrap();
+    assert!(std::fs::read(&out).unwrap() == image, "the restored volume differs");
+}
