@@ -279,7 +279,7 @@ pub struct BackupArgs {
     pub volume: bool,
     /// zstd level for the data: 1 to 19 (higher: smaller and slower), -7 to -1 for zstd's
     /// fast modes, 0 to store it uncompressed. Data that does not compress is stored as is at
-    /// any level. Default: 3 for directories, 1 for volumes.
+    /// any level. Default: 3.
     #[arg(long, value_name = "LEVEL", allow_negative_numbers = true,
           value_parser = clap::value_parser!(i32).range(-7..=19))]
     pub compression: Option<i32>,

@@ -34,10 +34,10 @@ pub const DEFAULT_VOLUME_CHUNK: u32 = 256 << 10;
 /// together in frames of about 1 MiB (format 3; see `VOLUMES.md`).
 pub(crate) const VOLUME_FRAMED_MAX: usize = 512 << 10;
 
-/// Default zstd level for volume data: 1, a little faster than file data's 3 for about 6 %
-/// more stored bytes, since a volume backup reads every allocated byte every time (see
-/// `VOLUMES.md`).
-pub const DEFAULT_VOLUME_LEVEL: i32 = 1;
+/// Default zstd level for volume data: 3, as for file data. In 1 MiB frames it stores 8 % less
+/// than level 1 for first backups about 18 % slower; an incremental compresses only its
+/// changed chunks (see `VOLUMES.md`).
+pub const DEFAULT_VOLUME_LEVEL: i32 = 3;
 
 /// Options for [`backup_volume`].
 #[derive(Debug, Clone)]
