@@ -264,7 +264,7 @@ impl<'a> Fetcher<'a> {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::format::{ObjectKind, PackId};
 
@@ -305,23 +305,28 @@ mod tests {
         );
     }
 
-    /// Counts the ranged reads in the store at once, holding each a moment.
+    /// Counts the ranged reads in the store at once (`most`: the most seen), holding each a
+    /// moment; other calls pass.
     #[derive(Debug, Default)]
-    struct InFlight {
+    pub(crate) struct RangesInFlight {
         now: std::sync::atomic::AtomicUsize,
-        most: std::sync::atomic::AtomicUsize,
+        pub(crate) most: std::sync::atomic::AtomicUsize,
     }
 
     #[async_trait::async_trait]
-    impl ferry_store::Hook for InFlight {
-        async fn before(&self, _call: ferry_store::Call<'_>) {
+    impl ferry_store::Hook for RangesInFlight {
+        async fn before(&self, call: ferry_store::Call<'_>) {
             use std::sync::atomic::Ordering::SeqCst;
-            let now = self.now.fetch_add(1, SeqCst) + 1;
-            self.most.fetch_max(now, SeqCst);
-            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+            if let ferry_store::Call::GetRange(..) = call {
+                let now = self.now.fetch_add(1, SeqCst) + 1;
+                self.most.fetch_max(now, SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+            }
         }
-        fn after(&self, _call: ferry_store::Call<'_>, _ok: bool) {
-            self.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        fn after(&self, call: ferry_store::Call<'_>, _ok: bool) {
+            if let ferry_store::Call::GetRange(..) = call {
+                self.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            }
         }
     }
 
@@ -348,7 +353,7 @@ mod tests {
         let bytes: Vec<u8> = (0..12 * 100).map(|i| (i % 251) as u8).collect();
         let (runtime, memory, key) = pack_of(&bytes, 2);
         let stop = CancellationToken::new();
-        let hooked = Arc::new(ferry_store::Hooked::new(memory, InFlight::default()));
+        let hooked = Arc::new(ferry_store::Hooked::new(memory, RangesInFlight::default()));
         let store: Arc<dyn ObjectStore> = hooked.clone();
         let permits = Arc::new(Semaphore::new(permits));
         let reads: Vec<PackRead> = (0..12)

@@ -706,6 +706,7 @@ mod tests {
 
     use super::*;
     use crate::format::{BlobId, NodeBody};
+    use crate::pack_reads::tests::RangesInFlight;
     use crate::repo::tests::fast_options;
     use crate::volume::{VolumeBackupOptions, backup_volume};
 
@@ -807,29 +808,6 @@ mod tests {
         Ok(())
     }
 
-    /// Counts the ranged reads in flight at once, holding each a moment.
-    #[derive(Debug, Default)]
-    struct Overlap {
-        now: AtomicUsize,
-        most: AtomicUsize,
-    }
-
-    #[async_trait::async_trait]
-    impl ferry_store::Hook for Overlap {
-        async fn before(&self, call: ferry_store::Call<'_>) {
-            if let ferry_store::Call::GetRange(..) = call {
-                let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-                self.most.fetch_max(now, Ordering::SeqCst);
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-        }
-        fn after(&self, call: ferry_store::Call<'_>, _ok: bool) {
-            if let ferry_store::Call::GetRange(..) = call {
-                self.now.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-    }
-
     /// One writer over several units of reads takes each next one while it writes the one
     /// before: more reads are in flight at once than any unit has, and the volume (12 runs of
     /// 1 MiB of incompressible data between holes) restores whole over a target full of other
@@ -877,7 +855,7 @@ mod tests {
         assert!(units.len() >= 3, "{} units of reads", units.len());
         let widest = units.iter().map(ExactSizeIterator::len).max().unwrap();
 
-        let overlap = Arc::new(ferry_store::Hooked::new(memory.clone(), Overlap::default()));
+        let overlap = Arc::new(ferry_store::Hooked::new(memory.clone(), RangesInFlight::default()));
         let hooked = Repository::open(overlap.clone(), b"pw", &cancel).await?;
         let one = VolumeRestoreOptions { threads: 1, ..Default::default() };
         let target = dir.path().join("over.img");
