@@ -75,6 +75,33 @@ pub fn noise(len: usize, seed: u8) -> Vec<u8> {
     v
 }
 
+/// `len` bytes of numbered lines of text: a volume image that compresses well and whose chunks
+/// all differ.
+pub fn text_image(len: usize) -> Vec<u8> {
+    (0u32..)
+        .flat_map(|i| format!("line {i} of a volume, {}\n", i % 89).into_bytes())
+        .take(len)
+        .collect()
+}
+
+/// Where the index places each chunk of the volume snapshot `id`, in the volume's order.
+pub async fn volume_chunk_locations(
+    repo: &Repository,
+    id: &ferry_repo::SnapshotId,
+) -> Vec<ferry_repo::BlobLocation> {
+    let cancel = CancellationToken::new();
+    let snapshot = repo.load_snapshot(id, &cancel).await.unwrap();
+    let ferry_repo::format::NodeBody::Volume { content, .. } = &snapshot.root.body else {
+        panic!("a volume snapshot: {:?}", snapshot.root.body);
+    };
+    let mut places = Vec::with_capacity(content.chunks.len());
+    for chunk in &content.chunks {
+        places.push(repo.locate(&chunk.id, &cancel).await.unwrap().expect("chunk not indexed"));
+    }
+    assert!(!places.is_empty(), "a volume snapshot with no chunks");
+    places
+}
+
 fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap()
 }

@@ -556,3 +556,58 @@ async fn a_restore_reads_its_trees_by_its_own_index_when_the_handles_is_reloaded
     assert!(matches!(swept, SweepReport::Swept(_)), "{swept:?}");
     assert_clean(&repo).await;
 }
+
+/// A backup walks its parent's tree pages by the index it loaded under its lease, even once
+/// another operation on the same handle has reloaded the handle's index without the packs a
+/// newer mark condemned (the forgotten parent's): every unchanged file is taken from the
+/// parent, none read again. Looked up in the handle's index, the parent's subdirectory page
+/// went missing and that directory was read in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_walks_its_parent_by_its_own_index_when_the_handles_is_reloaded() {
+    use ferry_repo::{BackupOptions, Progress, backup_tree};
+    let dir = tempfile::tempdir().unwrap();
+    let store = fs_store(&dir.path().join("repo"));
+    let repo = init(Arc::clone(&store)).await;
+    let cancel = CancellationToken::new();
+    let source = tree(&dir.path().join("a"), &[1, 2, 3, 4]);
+    // Old enough to be trusted unchanged against the parent's time.
+    let old = (1_600_000_000, 0);
+    for file in ["f1", "f3", "sub/f2", "sub/f4"] {
+        crate::common::set_times(&source.join(file), old, old);
+    }
+    let parent = backup(&repo, &source).await.snapshot_id;
+    // The backup stops at its first pack read, the parent's root page: its lease is held and
+    // its index loaded.
+    let gate = Gate::reads(Arc::clone(&store), "data/");
+    let shared = open(gate.clone()).await;
+    let last = Arc::new(std::sync::Mutex::new(None::<Progress>));
+    let backing_up = {
+        let (shared, source, last) = (shared.clone(), source.clone(), Arc::clone(&last));
+        let progress: ferry_repo::ProgressFn =
+            Arc::new(move |p: &Progress| *last.lock().unwrap() = Some(*p));
+        tokio::spawn(async move {
+            let options = BackupOptions { parent: Some(parent), threads: 2, ..Default::default() };
+            backup_tree(&shared, &source, &options, Some(progress), &CancellationToken::new()).await
+        })
+    };
+    gate.hook().wait_arrivals(1).await;
+    forget(&repo, &[parent], &cancel).await.unwrap();
+    let mark = gc_mark(&repo, &gc_options(), &cancel).await.unwrap();
+    assert!(mark.condemned_packs >= 1 && mark.writers == 1, "{mark:?}");
+    // Another operation on the handle misses a blob: the handle's index is reloaded without
+    // the parent's (condemned) packs.
+    let nothing = ferry_repo::format::BlobId([0; 32]);
+    assert!(shared.locate(&nothing, &cancel).await.unwrap().is_none());
+    gate.hook().open();
+    let summary = backing_up.await.unwrap().expect("the backup completes");
+    let progress = (*last.lock().unwrap()).expect("a final progress report");
+    assert!(progress.finished, "{progress:?}");
+    assert_eq!(progress.bytes_read, 0, "no unchanged file is read again: {progress:?}");
+    assert_eq!(progress.bytes_skipped, 4 * FILE as u64, "{progress:?}");
+    assert_eq!(summary.bytes_total, 4 * FILE as u64);
+    // The sweep keeps what the new snapshot took from its parent.
+    let swept = gc_sweep(&repo, &gc_options(), &cancel).await.unwrap();
+    assert!(matches!(swept, SweepReport::Swept(_)), "{swept:?}");
+    assert_clean(&repo).await;
+    assert_restores(&repo, &summary.snapshot_id, &source).await;
+}

@@ -208,28 +208,19 @@ async fn a_format_3_repository_copies_its_frames_and_a_run_is_taken_up_again() -
 /// restores bit for bit from the copy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_keeps_a_volumes_chunks_framed() -> TestResult {
-    use ferry_repo::format::{NodeBody, ObjectKind};
+    use ferry_repo::format::ObjectKind;
     let cancel = CancellationToken::new();
     let (source, _) = memory_repo_of(RepoFormat::V3).await?;
     let dir = tempfile::tempdir()?;
     let image = dir.path().join("volume.img");
-    let text: Vec<u8> = (0..200_000u32)
-        .flat_map(|i| format!("line {i} of a volume, {}\n", i % 89).into_bytes())
-        .collect();
-    std::fs::write(&image, &text[..4 << 20])?;
+    std::fs::write(&image, common::text_image(4 << 20))?;
     let options = ferry_repo::VolumeBackupOptions::default();
     let b = ferry_repo::backup_volume(&source, &image, &options, None, &cancel).await?;
     let target: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
     let (moved, _) = migrate(&source, target, RepoFormat::V3, 2, &cancel).await?;
-    let snapshot = moved.load_snapshot(&b.snapshot_id, &cancel).await?;
-    let NodeBody::Volume { content, .. } = &snapshot.root.body else {
-        panic!("a volume snapshot: {:?}", snapshot.root.body);
-    };
     for repo in [&source, &moved] {
-        for chunk in &content.chunks {
-            let loc = repo.locate(&chunk.id, &cancel).await?.ok_or("chunk not indexed")?;
-            assert_eq!(loc.kind, ObjectKind::FramedData);
-        }
+        let locations = common::volume_chunk_locations(repo, &b.snapshot_id).await;
+        assert!(locations.iter().all(|l| l.kind == ObjectKind::FramedData), "{locations:?}");
     }
     let out = dir.path().join("restored.img");
     let restore_options = ferry_repo::VolumeRestoreOptions::default();

@@ -558,30 +558,21 @@ async fn restores_bit_for_bit(
 /// bit for bit; chunks of 512 KiB and more are stored alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_volume_chunks_are_stored_in_frames_and_restore_whole() -> TestResult {
-    use ferry_repo::format::{NodeBody, ObjectKind};
+    use ferry_repo::format::ObjectKind;
     let cancel = CancellationToken::new();
     let tmp = tempfile::tempdir()?;
     let repo = repo_in(tmp.path()).await;
     let image = tmp.path().join("text.img");
-    let text: Vec<u8> = (0..600_000u32)
-        .flat_map(|i| format!("line {i}: the quick brown fox {}\n", i % 97).into_bytes())
-        .collect();
-    std::fs::write(&image, &text[..(16 * MIB) as usize])?;
+    std::fs::write(&image, common::text_image((16 * MIB) as usize))?;
     for (chunk_size, framed) in [(256 << 10, true), (512 << 10, false)] {
         let options = VolumeBackupOptions { chunk_size, ..VolumeBackupOptions::default() };
         let b = backup_volume(&repo, &image, &options, None, &cancel).await?;
-        let snapshot = repo.load_snapshot(&b.snapshot_id, &cancel).await?;
-        let NodeBody::Volume { content, .. } = &snapshot.root.body else {
-            panic!("a volume snapshot: {:?}", snapshot.root.body);
-        };
-        let mut places = std::collections::BTreeSet::new();
-        for chunk in &content.chunks {
-            let loc = repo.locate(&chunk.id, &cancel).await?.ok_or("chunk not indexed")?;
-            let want = if framed { ObjectKind::FramedData } else { ObjectKind::DataBlob };
-            assert_eq!(loc.kind, want, "chunk size {chunk_size}");
-            places.insert((loc.pack, loc.offset));
-        }
-        let chunks = content.chunks.len();
+        let locations = common::volume_chunk_locations(&repo, &b.snapshot_id).await;
+        let want = if framed { ObjectKind::FramedData } else { ObjectKind::DataBlob };
+        assert!(locations.iter().all(|l| l.kind == want), "chunk size {chunk_size}");
+        let places: std::collections::BTreeSet<_> =
+            locations.iter().map(|l| (l.pack, l.offset)).collect();
+        let chunks = locations.len();
         if framed {
             assert!(places.len() * 3 <= chunks, "{} frames for {chunks} chunks", places.len());
         } else {
