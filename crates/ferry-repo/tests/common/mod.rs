@@ -96,7 +96,8 @@ pub async fn volume_chunk_locations(
     };
     let mut places = Vec::with_capacity(content.chunks.len());
     for chunk in &content.chunks {
-        places.push(repo.locate(&chunk.id, &cancel).await.unwrap().expect("chunk not indexed"));
+        let located = repo.locate(&chunk.id, &cancel).await.unwrap();
+        places.push(located.unwrap_or_else(|| panic!("chunk {:?} not indexed", chunk.id)));
     }
     assert!(!places.is_empty(), "a volume snapshot with no chunks");
     places

@@ -576,6 +576,11 @@ async fn a_backup_walks_its_parent_by_its_own_index_when_the_handles_is_reloaded
         crate::common::set_times(&source.join(file), old, old);
     }
     let parent = backup(&repo, &source).await.snapshot_id;
+    let ferry_repo::format::NodeBody::Dir { pages } =
+        repo.load_snapshot(&parent, &cancel).await.unwrap().root.body
+    else {
+        panic!("a directory snapshot")
+    };
     // The backup stops at its first pack read, the parent's root page: its lease is held and
     // its index loaded.
     let gate = Gate::reads(Arc::clone(&store), "data/");
@@ -598,6 +603,7 @@ async fn a_backup_walks_its_parent_by_its_own_index_when_the_handles_is_reloaded
     // the parent's (condemned) packs.
     let nothing = ferry_repo::format::BlobId([0; 32]);
     assert!(shared.locate(&nothing, &cancel).await.unwrap().is_none());
+    assert!(shared.locate(&pages[0], &cancel).await.unwrap().is_none(), "index reloaded");
     gate.hook().open();
     let summary = backing_up.await.unwrap().expect("the backup completes");
     let progress = (*last.lock().unwrap()).expect("a final progress report");
