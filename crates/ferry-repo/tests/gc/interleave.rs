@@ -511,6 +511,28 @@ async fn a_backup_committed_as_the_sweep_lists_the_snapshots_is_walked_and_kept(
     assert_restores(&repo, &racing, &second).await;
 }
 
+/// Forgets `id` and marks, while one operation on `shared` is held with its lease (the mark's
+/// one writer); then another operation on `shared` misses a blob, so the handle reloads its
+/// index, which no longer holds `id`'s (condemned) tree pages.
+async fn forget_mark_and_reload(
+    repo: &ferry_repo::Repository,
+    shared: &ferry_repo::Repository,
+    id: ferry_repo::SnapshotId,
+) {
+    let cancel = CancellationToken::new();
+    let ferry_repo::format::NodeBody::Dir { pages } =
+        repo.load_snapshot(&id, &cancel).await.unwrap().root.body
+    else {
+        panic!("a directory snapshot")
+    };
+    forget(repo, &[id], &cancel).await.unwrap();
+    let mark = gc_mark(repo, &gc_options(), &cancel).await.unwrap();
+    assert!(mark.condemned_packs >= 1 && mark.writers == 1, "{mark:?}");
+    let nothing = ferry_repo::format::BlobId([0; 32]);
+    assert!(shared.locate(&nothing, &cancel).await.unwrap().is_none());
+    assert!(shared.locate(&pages[0], &cancel).await.unwrap().is_none(), "index reloaded");
+}
+
 /// A restore reads its snapshot's tree pages by the index it loaded under its lease, even once
 /// another operation on the same handle has reloaded the handle's index without the packs a
 /// newer mark condemned (the restore is among that mark's writers, so those packs outlive it).
@@ -523,11 +545,6 @@ async fn a_restore_reads_its_trees_by_its_own_index_when_the_handles_is_reloaded
     let cancel = CancellationToken::new();
     let source = tree(&dir.path().join("a"), &[1, 2, 3, 4]);
     let id = backup(&repo, &source).await.snapshot_id;
-    let ferry_repo::format::NodeBody::Dir { pages } =
-        repo.load_snapshot(&id, &cancel).await.unwrap().root.body
-    else {
-        panic!("a directory snapshot")
-    };
     // The restore stops at its first pack read: its lease is held and its index loaded.
     let gate = Gate::reads(Arc::clone(&store), "data/");
     let shared = open(gate.clone()).await;
@@ -540,14 +557,7 @@ async fn a_restore_reads_its_trees_by_its_own_index_when_the_handles_is_reloaded
         })
     };
     gate.hook().wait_arrivals(1).await;
-    forget(&repo, &[id], &cancel).await.unwrap();
-    let mark = gc_mark(&repo, &gc_options(), &cancel).await.unwrap();
-    assert!(mark.condemned_packs >= 1 && mark.writers == 1, "{mark:?}");
-    // Another operation on the handle misses a blob: the handle's index is reloaded, and no
-    // longer holds the snapshot's (condemned) tree pages.
-    let nothing = ferry_repo::format::BlobId([0; 32]);
-    assert!(shared.locate(&nothing, &cancel).await.unwrap().is_none());
-    assert!(shared.locate(&pages[0], &cancel).await.unwrap().is_none(), "index reloaded");
+    forget_mark_and_reload(&repo, &shared, id).await;
     gate.hook().open();
     restoring.await.unwrap().expect("the restore reads by its own index");
     compare(&source, &target);
@@ -576,11 +586,6 @@ async fn a_backup_walks_its_parent_by_its_own_index_when_the_handles_is_reloaded
         crate::common::set_times(&source.join(file), old, old);
     }
     let parent = backup(&repo, &source).await.snapshot_id;
-    let ferry_repo::format::NodeBody::Dir { pages } =
-        repo.load_snapshot(&parent, &cancel).await.unwrap().root.body
-    else {
-        panic!("a directory snapshot")
-    };
     // The backup stops at its first pack read, the parent's root page: its lease is held and
     // its index loaded.
     let gate = Gate::reads(Arc::clone(&store), "data/");
@@ -596,14 +601,7 @@ async fn a_backup_walks_its_parent_by_its_own_index_when_the_handles_is_reloaded
         })
     };
     gate.hook().wait_arrivals(1).await;
-    forget(&repo, &[parent], &cancel).await.unwrap();
-    let mark = gc_mark(&repo, &gc_options(), &cancel).await.unwrap();
-    assert!(mark.condemned_packs >= 1 && mark.writers == 1, "{mark:?}");
-    // Another operation on the handle misses a blob: the handle's index is reloaded without
-    // the parent's (condemned) packs.
-    let nothing = ferry_repo::format::BlobId([0; 32]);
-    assert!(shared.locate(&nothing, &cancel).await.unwrap().is_none());
-    assert!(shared.locate(&pages[0], &cancel).await.unwrap().is_none(), "index reloaded");
+    forget_mark_and_reload(&repo, &shared, parent).await;
     gate.hook().open();
     let summary = backing_up.await.unwrap().expect("the backup completes");
     let progress = (*last.lock().unwrap()).expect("a final progress report");
