@@ -441,8 +441,14 @@ def cmd_meta(_args):
             + (
                 "into a new ext4 file system (mkfs.ext4 with inodes for twice the data's entries, at least its "
                 "default, and the inode tables and journal written at once: -E lazy_itable_init=0,lazy_journal_init=0; "
-                "on a loop device over a sparse file on the same disk), made before each restore as a newly "
-                "provisioned volume would be"
+                "on a loop device over a sparse file on the same disk, "
+                + (
+                    "which reads and writes that file with direct I/O, as a disk would"
+                    if e.get("RESTORE_DIO") == "1"
+                    else "through the page cache (--buffered-loop): every restored byte is copied and "
+                    "written back a second time, for the image file"
+                )
+                + "), made before each restore as a newly provisioned volume would be"
                 if e.get("RESTORE_FS") == "1"
                 else "into an empty directory on the same disk"
             )
