@@ -351,24 +351,14 @@ attach_restore_loop() {
     RESTORE_LOOP="$(losetup --find --show "$1")"
     return 0
   fi
-  RESTORE_LOOP="$(losetup --direct-io=on --find --show "$1")"
+  RESTORE_LOOP="$(losetup --direct-io=on --find --show "$1")" ||
+    die "losetup --direct-io=on refused $1 (pass --buffered-loop)"
   if [[ "$(losetup --list --noheadings --output DIO "$RESTORE_LOOP" | tr -d ' ')" != 1 ]]; then
     losetup -d "$RESTORE_LOOP" || true
     RESTORE_LOOP=""
     die "a loop device over $1 could not use direct I/O (pass --buffered-loop, or a --work on another file system)"
   fi
 }
-if [[ $RESTORE_FS -eq 1 ]]; then
-  [[ $(id -u) -eq 0 ]] || die "restoring into a fresh file system needs root (or pass --restore-dir)"
-  command -v mkfs.ext4 >/dev/null && command -v losetup >/dev/null ||
-    die "restoring into a fresh file system needs mkfs.ext4 and losetup (or pass --restore-dir)"
-  # Now rather than at the first restore, after the first tool's backups.
-  truncate -s 16M "$WORK/probe.img"
-  attach_restore_loop "$WORK/probe.img"
-  losetup -d "$RESTORE_LOOP"
-  RESTORE_LOOP=""
-  rm -f "$WORK/probe.img"
-fi
 mount_restore() {
   # A plain directory shares the work area's file system: flush the steps before, so the timed
   # restore and its sync write only the restore's own data.
@@ -588,6 +578,18 @@ fresh_copy() {
 
 # ---------------------------------------------------------------- the runs
 [[ -z "$REMOTE" ]] || start_remote
+if [[ $RESTORE_FS -eq 1 ]]; then
+  [[ $(id -u) -eq 0 ]] || die "restoring into a fresh file system needs root (or pass --restore-dir)"
+  command -v mkfs.ext4 >/dev/null && command -v losetup >/dev/null ||
+    die "restoring into a fresh file system needs mkfs.ext4 and losetup (or pass --restore-dir)"
+  # Now rather than at the first restore, after the first tool's backups (here, below every
+  # function the EXIT trap's cleanup calls).
+  truncate -s 16M "$WORK/probe.img"
+  attach_restore_loop "$WORK/probe.img"
+  losetup -d "$RESTORE_LOOP"
+  RESTORE_LOOP=""
+  rm -f "$WORK/probe.img"
+fi
 if [[ $VOLUME -eq 1 ]]; then
   make_volume
   DATA_LABEL="a $((VOLUME_BYTES >> 30)) GiB ext4 volume (block device) half full of the first files of $DATA_LABEL"
