@@ -307,6 +307,8 @@ def cmd_mutate(args):
 
 def cmd_snapshot_id(args):
     """Prints the snapshot ID from a tool's backup output (stdout captured to a file)."""
+    if args.root_object and args.tool != "kopia":
+        sys.exit("snapshot-id: --root-object is for kopia")
     with open(args.file, encoding="utf-8", errors="replace") as f:
         text = f.read()
     if args.tool == "ferry":
@@ -336,8 +338,15 @@ def cmd_snapshot_id(args):
         if isinstance(doc, list):
             doc = doc[-1] if doc else None
         if isinstance(doc, dict) and "id" in doc:
-            print(doc["id"])
-            return
+            # --root-object: the root directory's object ID, for `kopia show OBJ/PATH`.
+            if not args.root_object:
+                print(doc["id"])
+                return
+            root = (doc.get("rootEntry") or {}).get("obj")
+            if root:
+                print(root)
+                return
+            sys.exit(f"snapshot-id: no root object in kopia's snapshot in {args.file}")
     sys.exit(f"snapshot-id: no {args.tool} snapshot ID in {args.file}")
 
 
@@ -404,6 +413,42 @@ def describe_mutation(text):
     )
 
 
+def describe_restore(e, verify):
+    """The report's sentence on the restore target, from run.sh's settings."""
+    dio = e.get("RESTORE_DIO") == "1"
+    volume = e.get("VOLUME") == "1"
+    if e.get("RESTORE_FS") != "1":
+        where = "into an empty directory on the same disk"
+    elif volume:
+        where = (
+            "onto a fresh block device of the volume's size (a loop device over a sparse file on the same "
+            "disk, " + ("reading and writing it with direct I/O, as a disk would" if dio
+                        else "through the page cache (--buffered-loop)")
+            + "), made before each restore. Ferry writes the device (`ferry restore SNAP DEV`, as its agent "
+            "restores a block PVC); kopia copies the image file's content onto it in one stream "
+            "(`kopia show OBJ/volume.img >DEV`), as Velero's kopia block restore does (kopia's own restore "
+            "refuses a device); restic, which writes a device only in one stream too (`restic dump --target "
+            "DEV`), restores its image file into a new ext4 file system instead (its fastest way; made as "
+            "for a tree, on a loop device of the same kind, three times the volume's size plus 1 GiB)"
+        )
+    else:
+        where = (
+            "into a new ext4 file system (mkfs.ext4 with inodes for twice the data's entries, at least its "
+            "default, and the inode tables and journal written at once: -E lazy_itable_init=0,lazy_journal_init=0; "
+            "on a loop device over a sparse file on the same disk, "
+            + ("which reads and writes that file with direct I/O, as a disk would" if dio
+               else "through the page cache (--buffered-loop): every restored byte is copied and "
+               "written back a second time, for the image file")
+            + "), made before each restore as a newly provisioned volume would be"
+        )
+    check = ""
+    if verify:
+        check = ", then compared with the source by " + ("cmp" if volume else "diff -r") + " (not timed)"
+        if volume and e.get("RESTORE_FS") == "1":
+            check = ". Each restored image is then compared with the source by cmp (not timed)"
+    return f"Restore is of the last (1%-changed) snapshot {where}{check}."
+
+
 def cmd_meta(_args):
     e = os.environ
     verify = e.get("VERIFY") == "1"
@@ -437,26 +482,14 @@ def cmd_meta(_args):
             "(warm-up), so every tool starts with the data in the page cache; nothing is dropped from the cache.",
             "The unchanged and 1%-changed backups are of that same working copy, so each tool finds its parent "
             "snapshot by path; Ferry is given --parent explicitly.",
-            "Restore is of the last (1%-changed) snapshot "
-            + (
-                "into a new ext4 file system (mkfs.ext4 with inodes for twice the data's entries, at least its "
-                "default, and the inode tables and journal written at once: -E lazy_itable_init=0,lazy_journal_init=0; "
-                "on a loop device over a sparse file on the same disk, "
-                + (
-                    "which reads and writes that file with direct I/O, as a disk would"
-                    if e.get("RESTORE_DIO") == "1"
-                    else "through the page cache (--buffered-loop): every restored byte is copied and "
-                    "written back a second time, for the image file"
-                )
-                + "), made before each restore as a newly provisioned volume would be"
-                if e.get("RESTORE_FS") == "1"
-                else "into an empty directory on the same disk"
-            )
-            + (", then compared with the source by diff -r (not timed)." if verify else "."),
-            "Right after each restore, `sync -f` of the restore's file system is timed on its own: "
-            "\"restore, then on disk\" is the restore plus that sync. Ferry's restore ends with syncfs "
-            "(its data is on disk when it reports success); kopia and restic return with their writes "
-            "still in the page cache, so their \"restore\" column leaves the disk writes out.",
+            describe_restore(e, verify),
+            "Right after each restore, `sync -f` of the restore's file system (of a device: `sync DEV`, "
+            "its fsync, which also flushes the device's write cache) is timed on its own: \"restore, then "
+            "on disk\" is the restore plus that sync. Ferry's restore ends with syncfs (fsync for a "
+            "volume), so its data is on disk when it reports success; kopia and restic return with "
+            "their writes still in the page cache, so their \"restore\" column leaves the disk writes out "
+            "(except onto a device: the kernel writes a device's cached data back when its last user "
+            "closes it, inside the restore's time).",
             "Ferry: defaults (zstd level 3 with a bypass for incompressible chunks, XChaCha20-Poly1305, "
             "argon2id key file).",
             "kopia: defaults as Velero uses them: compression off, default splitter, hash and encryption; periodic "
@@ -690,6 +723,8 @@ def main():
 
     si = sub.add_parser("snapshot-id")
     si.add_argument("--tool", required=True, choices=TOOLS)
+    si.add_argument("--root-object", action="store_true",
+                    help="kopia: the snapshot's root object ID instead of its manifest ID")
     si.add_argument("file")
     si.set_defaults(func=cmd_snapshot_id)
 

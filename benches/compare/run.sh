@@ -30,8 +30,15 @@
 # full of the data's first files in path order (made once per run.sh, copied afresh for each
 # tool). Ferry reads the device (`ferry backup DEV`); kopia and restic read it as one stream, as
 # Velero's kopia uploader does for block volumes (`kopia snapshot create --stdin-file`, `restic
-# backup --stdin`). The 1 % change is made to the files on the mounted volume; each tool
-# restores into an image file, compared with the device. Needs root, losetup and mkfs.ext4.
+# backup --stdin`). The 1 % change is made to the files on the mounted volume. The restore goes
+# onto a fresh block device of the volume's size (a loop device, direct I/O as above), compared
+# with the source after: Ferry writes it (`ferry restore SNAP DEV`, as its agent restores a block
+# PVC); kopia copies the file's content onto it in one stream (`kopia show OBJ >DEV`, what
+# Velero's kopia block restore does: kopia's own restore refuses a device); restic, which can
+# write a device only in one stream too (`restic dump --target DEV`), restores its image file
+# into a fresh ext4 file system instead (on a loop device as for a tree), its fastest way.
+# With --restore-dir, each tool restores an image file into a directory of the work area
+# instead. Needs root, losetup and mkfs.ext4.
 # Without --data or --files, the Linux 6.1 source tree from Debian's linux-source-6.1 package is used
 # (downloaded and extracted once into the cache). See benches/README.md.
 set -euo pipefail
@@ -88,7 +95,7 @@ while [[ $# -gt 0 ]]; do
     --files) FILES="${2:?--files needs a number of files}"; shift 2 ;;
     --volume) VOLUME=1; shift ;;
     --flat) FLAT="${2:?--flat needs a number of directories}"; shift 2 ;;
-    -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -100,10 +107,9 @@ done
 if [[ $VOLUME -eq 1 ]]; then
   [[ $(id -u) -eq 0 ]] || die "--volume needs root (losetup, mount)"
   command -v mkfs.ext4 >/dev/null && command -v losetup >/dev/null || die "--volume needs mkfs.ext4 and losetup"
-  RESTORE_FS=0
 fi
 [[ $RESTORE_DIO -eq 1 || $RESTORE_FS -eq 1 ]] ||
-  die "--buffered-loop sets up the fresh file system's loop device: not with --restore-dir or --volume"
+  die "--buffered-loop sets up the restore's loop device: not with --restore-dir"
 if [[ -n "$REMOTE" ]]; then
   [[ "$REMOTE" =~ ^([1-9][0-9]{0,3})/([1-9][0-9]{0,5})$ ]] ||
     die "--remote must be RTT_MS/RATE_MBIT, for example 20/1000"
@@ -260,9 +266,13 @@ measure() { # tool run metric [--stdout F] -- command...
 # nothing crosses the path). Ferry's restore ends with syncfs, so its data is on disk when it
 # reports success; kopia and restic leave their writes in the page cache. The restore plus this
 # is every tool's time until the restored data is on disk.
+# A restore onto a device (--volume) is flushed by fsync of the device (`sync DEV`: syncfs of
+# a device node would flush the file system /dev is on instead).
 settle_restore() {
+  local what=(sync -f "$RESTORE")
+  [[ -z "$RESTORE_DEV" ]] || what=(sync "$RESTORE_DEV")
   python3 "$HELPER" measure --results "$RESULTS" --tool "$1" --run "$2" --metric restore_sync \
-    --timeout "$TIMEOUT" -- sync -f "$RESTORE"
+    --timeout "$TIMEOUT" -- "${what[@]}"
 }
 record() { python3 "$HELPER" record --results "$RESULTS" --tool "$1" --run "$2" --metric "$3" --value "$4"; }
 # A repository's bytes: its folder, or with --remote its bucket's folder in MinIO's data folder
@@ -343,6 +353,7 @@ new_bucket() {
 # 23.37 s; benches/results/2026-12-01-vm-local-restore-target-direct-io.md).
 RESTORE="$WORK/restore"
 RESTORE_LOOP=""
+RESTORE_DEV="" # with --volume, the fresh block device a restore writes (mount_restore device)
 # Attaches the image $1 to a free loop device (RESTORE_LOOP), with direct I/O unless
 # --buffered-loop. losetup only warns when the image's file system refuses direct I/O: fail
 # instead, never measure something else than the report says.
@@ -359,6 +370,8 @@ attach_restore_loop() {
     die "a loop device over $1 could not use direct I/O (pass --buffered-loop, or a --work on another file system)"
   fi
 }
+# mount_restore [device]: with `device` (--volume), a fresh block device of the volume's size
+# (RESTORE_DEV), all zeros, instead of a file system.
 mount_restore() {
   # A plain directory shares the work area's file system: flush the steps before, so the timed
   # restore and its sync write only the restore's own data.
@@ -368,6 +381,14 @@ mount_restore() {
     return 0
   fi
   local image="$WORK/restore.img" bytes entries
+  if [[ "${1:-}" == device ]]; then
+    rm -f "$image"
+    truncate -s "$VOLUME_BYTES" "$image"
+    attach_restore_loop "$image"
+    RESTORE_DEV="$RESTORE_LOOP"
+    sync
+    return 0
+  fi
   bytes="$(du -sb "$SRC" | cut -f1)"
   entries="$(find "$SRC" | wc -l)"
   # A volume's restore is an image file of the volume's size (du sees 0 bytes in a device): a
@@ -393,8 +414,9 @@ mount_restore() {
 }
 unmount_restore() {
   RESTORE="$WORK/restore"
+  RESTORE_DEV=""
   [[ -n "$RESTORE_LOOP" ]] || return 0
-  umount "$RESTORE" 2>/dev/null || umount -l "$RESTORE" || true
+  if mountpoint -q "$RESTORE"; then umount "$RESTORE" || umount -l "$RESTORE" || true; fi
   losetup -d "$RESTORE_LOOP" 2>/dev/null || true
   RESTORE_LOOP=""
   rm -f "$WORK/restore.img"
@@ -470,12 +492,19 @@ run_ferry() {
   measure ferry "$run" backup_changed --stdout "$out" -- "$FERRY" backup --repo "$url" --parent "$second" --json "$SRC"
   third="$(python3 "$HELPER" snapshot-id --tool ferry "$out")"
   record ferry "$run" repo_bytes_all "$(repo_bytes "$dir")"
-  mount_restore
-  local target="$RESTORE"
-  [[ $VOLUME -eq 0 ]] || target="$RESTORE/volume.img"
+  # mount_restore sets RESTORE (a fresh file system's target directory) or RESTORE_DEV.
+  local target restored
+  if [[ $VOLUME -eq 1 && $RESTORE_FS -eq 1 ]]; then
+    mount_restore device
+    target="$RESTORE_DEV" restored="$RESTORE_DEV"
+  else
+    mount_restore
+    target="$RESTORE" restored="$RESTORE"
+    [[ $VOLUME -eq 0 ]] || target="$RESTORE/volume.img"
+  fi
   measure ferry "$run" restore -- "$FERRY" restore --repo "$url" "$third" "$target"
   settle_restore ferry "$run"
-  verify "$RESTORE" ferry
+  verify "$restored" ferry
   unmount_restore
   unset FERRY_PASSWORD FERRY_S3_ENDPOINT FERRY_S3_REGION FERRY_CACHE_DIR AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
 }
@@ -506,10 +535,22 @@ run_kopia() {
   measure kopia "$run" backup_changed --stdout "$out" -- "${snap[@]}"
   third="$(python3 "$HELPER" snapshot-id --tool kopia "$out")"
   record kopia "$run" repo_bytes_all "$(repo_bytes "$repo")"
-  mount_restore
-  measure kopia "$run" restore -- "$KOPIA" snapshot restore "$third" "$RESTORE" --disable-file-logging "${common[@]}"
-  settle_restore kopia "$run"
-  verify "$RESTORE" kopia
+  if [[ $VOLUME -eq 1 && $RESTORE_FS -eq 1 ]]; then
+    # The image file's content in one stream onto the device, as Velero's block restore copies
+    # it (kopia's own restore refuses a device: it truncates its target).
+    local root
+    root="$(python3 "$HELPER" snapshot-id --tool kopia --root-object "$out")"
+    mount_restore device
+    measure kopia "$run" restore -- bash -c '[[ -b "$1" ]] || { echo "$1: no block device" >&2; exit 1; }; exec "${@:2}" >"$1"' to-device "$RESTORE_DEV" \
+      "$KOPIA" show "$root/volume.img" --disable-file-logging "${common[@]}"
+    settle_restore kopia "$run"
+    verify "$RESTORE_DEV" kopia
+  else
+    mount_restore
+    measure kopia "$run" restore -- "$KOPIA" snapshot restore "$third" "$RESTORE" --disable-file-logging "${common[@]}"
+    settle_restore kopia "$run"
+    verify "$RESTORE" kopia
+  fi
   unmount_restore
   unset KOPIA_PASSWORD
 }
@@ -558,7 +599,11 @@ mutate() {
 
 verify() {
   [[ $VERIFY -eq 1 ]] || return 0
-  if [[ $VOLUME -eq 1 ]]; then verify_volume "$1/volume.img" "$2"; return; fi
+  if [[ $VOLUME -eq 1 ]]; then
+    # A device, or a directory holding the restored image file.
+    if [[ -b "$1" ]]; then verify_volume "$1" "$2"; else verify_volume "$1/volume.img" "$2"; fi
+    return
+  fi
   if ! timeout "$TIMEOUT" diff -r --no-dereference -q "$SRC" "$1" >"$WORK/diff.txt" 2>&1; then
     head -n 20 "$WORK/diff.txt" >&2
     die "$2 restored a tree that differs from the source (first differences above)"
@@ -629,7 +674,7 @@ MEMORY="$(free -h | awk '/^Mem:/ {print $2 " total, " $7 " available at the end"
 KERNEL="$(uname -srm)" DISK="$disk" NPROC="$(nproc)" \
 DATE="$DATE" HOST="$HOST" RUNS="$RUNS" NOTE="$NOTE" COMMAND_LINE="$COMMAND_LINE" \
 DATA_STATS="$DATA_STATS" DATA_LABEL="$DATA_LABEL" MUTATION="$MUTATION" VERIFY="$VERIFY" \
-RESTORE_FS="$RESTORE_FS" RESTORE_DIO="$RESTORE_DIO" REMOTE="$REMOTE" \
+RESTORE_FS="$RESTORE_FS" RESTORE_DIO="$RESTORE_DIO" REMOTE="$REMOTE" VOLUME="$VOLUME" \
 TIMEOUT="$TIMEOUT" LOAD_BEFORE="$LOAD_BEFORE" LOAD_AFTER="$LOAD_AFTER" \
 V_FERRY="${VERSION[ferry]:-}" V_KOPIA="${VERSION[kopia]:-}" V_RESTIC="${VERSION[restic]:-}" \
   python3 "$HELPER" meta >"$WORK/meta.json"

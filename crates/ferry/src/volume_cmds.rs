@@ -151,11 +151,16 @@ pub async fn restore_if_volume(
     }
     let s = summary?;
     eprintln!(
-        "restore: volume of {} onto {}{}: {} written, {} zero, in {:.2} s",
+        "restore: volume of {} onto {}{}: {} written{}, {} zero, in {:.2} s",
         progress::human(s.size),
         target.display(),
         if s.created { " (created)" } else { "" },
         progress::human(s.bytes_written),
+        match s.bytes_direct {
+            0 => String::new(),
+            d if d == s.bytes_written => " (direct I/O)".to_owned(),
+            d => format!(" ({} with direct I/O)", progress::human(d)),
+        },
         progress::human(s.bytes_zero),
         s.duration.as_secs_f64()
     );

@@ -9,6 +9,7 @@ use std::path::Path;
 use nix::fcntl::{FallocateFlags, PosixFadviseAdvice};
 use nix::unistd::Whence;
 
+use super::direct::Direct;
 use crate::error::{RepoError, RepoResult};
 use crate::place::{Place, reopen_file};
 
@@ -28,6 +29,9 @@ pub(crate) struct Volume {
     pub(crate) kind: DeviceKind,
     pub(crate) size: u64,
     pub(crate) block_size: u32,
+    /// For a block device opened as a restore's target: a second handle with `O_DIRECT`,
+    /// when the device takes direct I/O.
+    pub(crate) direct: Option<Direct>,
 }
 
 /// Sector size assumed for image files.
@@ -86,7 +90,7 @@ impl Volume {
             });
         };
         let size = size_of(&file, path, kind)?;
-        Ok(Self { file, kind, size, block_size })
+        Ok(Self { file, kind, size, block_size, direct: None })
     }
 
     /// Opens an existing block device or image file for writing. A block device is opened
@@ -123,7 +127,11 @@ impl Volume {
             });
         };
         let size = size_of(&file, path, kind)?;
-        Ok(Self { file, kind, size, block_size })
+        let direct = match kind {
+            DeviceKind::Block => Direct::open(&file, block_size),
+            DeviceKind::Image => None,
+        };
+        Ok(Self { file, kind, size, block_size, direct })
     }
 
     /// Creates a new, empty image file (fails if `path` exists).
@@ -134,7 +142,13 @@ impl Volume {
             .custom_flags(libc::O_CLOEXEC)
             .open(path)
             .map_err(|e| RepoError::io("create image file", path, e))?;
-        Ok(Self { file, kind: DeviceKind::Image, size: 0, block_size: IMAGE_BLOCK_SIZE })
+        Ok(Self {
+            file,
+            kind: DeviceKind::Image,
+            size: 0,
+            block_size: IMAGE_BLOCK_SIZE,
+            direct: None,
+        })
     }
 
     /// The data ranges within `[start, end)` from SEEK_DATA/SEEK_HOLE, or `None` when the

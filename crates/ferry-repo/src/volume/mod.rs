@@ -9,12 +9,14 @@
 //! its previous snapshots and against other volumes holding the same data.
 //!
 //! Code map: `device.rs` (opening devices and images, sizes, SEEK_DATA, zeroing),
+//! `direct.rs` (a restore's direct writes to a block device),
 //! `backup.rs` (parallel readers), `plan.rs` (which chunks a [`ReadPlan`] reads, and which
 //! come from the parent), `restore.rs` (parallel writers), `map.rs` (the checked layout of a
 //! volume snapshot).
 
 mod backup;
 mod device;
+mod direct;
 mod map;
 mod plan;
 mod restore;
@@ -167,6 +169,10 @@ pub struct VolumeRestoreSummary {
     pub bytes_written: u64,
     /// Bytes zeroed, punched or left as zeros (the gaps).
     pub bytes_zero: u64,
+    /// Of `bytes_written`, those written straight to a block device (`O_DIRECT`), past its
+    /// page cache. Onto a target declared zeroed, `bytes_written` also counts the all-zero
+    /// blocks left unwritten, so this is less than it even when every write went direct.
+    pub bytes_direct: u64,
     /// Whether the target was created as a new image file.
     pub created: bool,
     /// Wall time.

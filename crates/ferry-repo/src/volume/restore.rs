@@ -32,6 +32,7 @@ use crate::place::Place;
 use crate::progress::{Counters, ProgressFn, Ticker};
 use crate::repo::{BlobLocation, MemIndex, Repository};
 use crate::volume::device::{DeviceKind, Volume, is_zero};
+use crate::volume::direct::{Direct, Stager, WriteBehind};
 use crate::volume::map::VolumeContent;
 use crate::volume::{VolumeRestoreOptions, VolumeRestoreSummary};
 
@@ -247,6 +248,7 @@ async fn restore_volume_leased(
         target_size,
         bytes_written: shared.progress.bytes_read.load(Ordering::Relaxed),
         bytes_zero: shared.progress.bytes_skipped.load(Ordering::Relaxed),
+        bytes_direct: shared.target.direct.as_ref().map_or(0, Direct::bytes_written),
         created,
         duration: started.elapsed(),
     })
@@ -255,7 +257,9 @@ async fn restore_volume_leased(
 /// Writes the planned window `first` and then every later one (from its cursor), each of
 /// `window` chunks, with `threads` writers, the next window planned while one is written; a
 /// flusher thread syncs the target (fdatasync) each [`FLUSH_BYTES`] written meanwhile,
-/// and the target is flushed (fsync) last.
+/// and the target is flushed (fsync) last. (Onto a block device taking direct writes, bytes
+/// count as written once a writer staged them for the I/O threads, and the flusher's syncs
+/// have only the device's write cache to flush.)
 ///
 /// The flusher's syncs wait for the disk, which starting the writeback (`sync_file_range`, as
 /// the restore did before) does not: an image file on a loop device (the CSI hostpath driver's
@@ -511,19 +515,43 @@ fn interleave<T>(a: Vec<T>, b: Vec<T>) -> Vec<T> {
     out
 }
 
-/// Writes one window's `work` with `threads` writers (see [`writer`]).
+/// Writes one window's `work` with `threads` writers (see [`writer`]); onto a block device
+/// that takes direct writes, with as many I/O threads making them behind the writers (see
+/// [`crate::volume::direct`]), all joined before this returns.
 fn run_writers(shared: &Shared, work: &Work, threads: usize) -> RepoResult<()> {
+    let threads = threads.max(1);
     std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads.max(1))
+        let (mut io, mut stagers) = (Vec::new(), Vec::new());
+        if let Some(direct) = &shared.target.direct {
+            // Two buffers a writer: one it fills while the other is written.
+            let behind = WriteBehind::new(2 * threads);
+            for _ in 0..threads {
+                let end = behind.io_end();
+                io.push(scope.spawn(move || {
+                    let stopped = || shared.stop.is_cancelled();
+                    let fail = |at: u64, e: std::io::Error| {
+                        tracing::warn!(offset = at, error = %e, "a write to the restore target failed");
+                        shared.fail(RepoError::io("write", &shared.path, e));
+                    };
+                    end.run(direct, &shared.target.file, stopped, fail);
+                }));
+                stagers.push(behind.stager(direct, &shared.target.file));
+            }
+            // The I/O threads end once every writer's stager is dropped too.
+            drop(behind);
+        }
+        let mut stagers = stagers.into_iter();
+        let workers: Vec<_> = (0..threads)
             .map(|_| {
+                let stager = stagers.next();
                 scope.spawn(move || {
-                    if let Err(e) = writer(shared, work) {
+                    if let Err(e) = writer(shared, work, stager) {
                         shared.fail(e);
                     }
                 })
             })
             .collect();
-        for w in workers {
+        for w in workers.into_iter().chain(io) {
             if w.join().is_err() {
                 shared
                     .fail(RepoError::Internal { what: "volume writer", reason: "panicked".into() });
@@ -544,7 +572,7 @@ fn run_writers(shared: &Shared, work: &Work, threads: usize) -> RepoResult<()> {
 /// The next unit is taken only when a read of up to [`pack_reads::VOLUME_MAX_READ`] could
 /// start, so a unit taken ahead most often has its first read in flight at once instead of
 /// waiting behind the current one's.
-fn writer(shared: &Shared, work: &Work) -> RepoResult<()> {
+fn writer(shared: &Shared, work: &Work, mut stager: Option<Stager<'_>>) -> RepoResult<()> {
     let zeros = vec![0u8; 1 << 20];
     // The next unit of reads, or None once none is left.
     let take_reads = || -> RepoResult<Option<Range<usize>>> {
@@ -567,7 +595,7 @@ fn writer(shared: &Shared, work: &Work) -> RepoResult<()> {
             Some(next) => next,
             None => match take_reads()? {
                 Some(range) => (range, Queue::default()),
-                None => return Ok(()),
+                None => break,
             },
         };
         let mut last = false;
@@ -583,11 +611,17 @@ fn writer(shared: &Shared, work: &Work) -> RepoResult<()> {
             }
             Ok(())
         };
-        let each = |read: &PackRead, bytes: Bytes| write_read(shared, work, read, &bytes);
+        let each =
+            |read: &PackRead, bytes: Bytes| write_read(shared, work, read, &bytes, stager.as_mut());
         fetcher.drain(&work.reads[range], &mut queue, each, take_ahead)?;
         if last {
-            return Ok(());
+            break;
         }
+    }
+    // The last batch queued for the I/O threads.
+    match stager {
+        Some(stager) => stager.finish().map_err(|e| RepoError::io("write", &shared.path, e)),
+        None => Ok(()),
     }
 }
 
@@ -636,7 +670,13 @@ fn zero_gaps(shared: &Shared, work: &Work, range: Range<usize>, zeros: &[u8]) ->
 }
 
 /// Opens the chunks of one pack read and writes each where it goes.
-fn write_read(shared: &Shared, work: &Work, read: &PackRead, bytes: &[u8]) -> RepoResult<()> {
+fn write_read(
+    shared: &Shared,
+    work: &Work,
+    read: &PackRead,
+    bytes: &[u8],
+    mut stager: Option<&mut Stager<'_>>,
+) -> RepoResult<()> {
     let mut opener = BlobOpener::default();
     for w in &work.wants[read.wants.clone()] {
         let (offset, chunk) = &work.chunks[w.chunk as usize];
@@ -656,7 +696,7 @@ fn write_read(shared: &Shared, work: &Work, read: &PackRead, bytes: &[u8]) -> Re
                 },
             ));
         }
-        write_chunk(shared, &raw, *offset)?;
+        write_chunk(shared, &raw, *offset, stager.as_deref_mut())?;
         // Counted as written (`bytes_read` of the progress): the flusher of
         // `write_windows` syncs the target each `FLUSH_BYTES` of them.
         let len = raw.len() as u64;
@@ -666,15 +706,26 @@ fn write_read(shared: &Shared, work: &Work, read: &PackRead, bytes: &[u8]) -> Re
     Ok(())
 }
 
-/// Writes a chunk; on a zeroed target, leaves its all-zero blocks unwritten (holes stay holes).
-fn write_chunk(shared: &Shared, raw: &[u8], offset: u64) -> RepoResult<()> {
-    let write = |data: &[u8], at: u64| {
+/// Writes a chunk (queued for a direct write through `stager` where it can be); on a zeroed
+/// target, leaves its all-zero blocks unwritten (holes stay holes).
+fn write_chunk(
+    shared: &Shared,
+    raw: &[u8],
+    offset: u64,
+    mut stager: Option<&mut Stager<'_>>,
+) -> RepoResult<()> {
+    let mut write = |data: &[u8], at: u64| {
         use std::os::unix::fs::FileExt;
-        shared
-            .target
-            .file
-            .write_all_at(data, at)
-            .map_err(|e| RepoError::io("write", &shared.path, e))
+        let staged = match stager.as_deref_mut() {
+            Some(stager) => stager.stage(data, at),
+            None => Ok(false),
+        };
+        match staged {
+            Ok(true) => Ok(()),
+            Ok(false) => shared.target.file.write_all_at(data, at),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| RepoError::io("write", &shared.path, e))
     };
     if !shared.zeroed {
         return write(raw, offset);

@@ -168,6 +168,10 @@ async fn ext4_volume_round_trip_incremental_and_cross_volume_dedup() -> TestResu
     )
     .await?;
     assert_eq!((r.size, r.created), (64 * MIB, false));
+    // A loop device takes direct writes: every chunk went past the page cache (the chunks
+    // are 4 KiB multiples at 4 KiB multiples).
+    assert_eq!(r.bytes_direct, r.bytes_written, "{r:?}");
+    assert!(r.bytes_written > 16 * MIB, "{r:?}");
     assert!(device_bytes(src.path())? == device_bytes(dst.path())?, "restored device differs");
     {
         let a = Mount::new(&src, &tmp.path().join("ro-src"), true)?;
@@ -288,6 +292,7 @@ async fn sparse_image_round_trip_keeps_holes() -> TestResult {
     )
     .await?;
     assert!(r.created);
+    assert_eq!(r.bytes_direct, 0, "an image file is written through the page cache");
     assert!(std::fs::read(&image)? == std::fs::read(&out)?, "restored image differs");
     let allocated = std::fs::metadata(&out)?.blocks() * 512;
     assert!(allocated <= 4 * MIB, "holes were filled: {allocated} bytes allocated");
