@@ -62,22 +62,19 @@ pub(crate) fn reopen_dir(
 }
 
 /// A file descriptor for reading or writing the same inode as `fd` (through its
-/// `/proc/self/fd` link, which names the inode, not a path). A block device opened for
-/// writing is claimed exclusively (`O_EXCL`), so a mounted device is refused.
+/// `/proc/self/fd` link, which names the inode, not a path), opened with `flags` besides
+/// `O_CLOEXEC | O_NOCTTY`: `O_EXCL` claims a block device exclusively (a mounted device is
+/// refused), `O_DIRECT` bypasses its page cache.
 pub(crate) fn reopen_file(
     fd: BorrowedFd<'_>,
     shown_as: &Path,
     write: bool,
-    exclusive: bool,
+    flags: libc::c_int,
 ) -> RepoResult<File> {
-    let mut flags = libc::O_CLOEXEC | libc::O_NOCTTY;
-    if exclusive {
-        flags |= libc::O_EXCL;
-    }
     std::fs::OpenOptions::new()
         .read(!write)
         .write(write)
-        .custom_flags(flags)
+        .custom_flags(flags | libc::O_CLOEXEC | libc::O_NOCTTY)
         .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .map_err(|e| {
             let step = if write { "open for writing" } else { "open for reading" };
@@ -136,9 +133,9 @@ mod tests {
         let fd = opath(&path, OFlag::O_NOFOLLOW);
         std::fs::remove_file(&path).unwrap();
         use std::io::{Read, Write};
-        reopen_file(fd.as_fd(), &path, true, false).unwrap().write_all(b"new").unwrap();
+        reopen_file(fd.as_fd(), &path, true, 0).unwrap().write_all(b"new").unwrap();
         let mut text = String::new();
-        reopen_file(fd.as_fd(), &path, false, false).unwrap().read_to_string(&mut text).unwrap();
+        reopen_file(fd.as_fd(), &path, false, 0).unwrap().read_to_string(&mut text).unwrap();
         assert_eq!(text, "new");
         assert!(!path.exists(), "nothing is created at the path");
     }

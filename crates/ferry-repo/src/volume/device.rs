@@ -76,7 +76,7 @@ impl Volume {
     pub(crate) fn open_source(place: Place<'_>) -> RepoResult<Self> {
         let path = place.path();
         let file = match place {
-            Place::Opened { fd, shown_as } => reopen_file(fd, shown_as, false, false)?,
+            Place::Opened { fd, shown_as } => reopen_file(fd, shown_as, false, 0)?,
             Place::Path(path) => std::fs::OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY)
@@ -104,7 +104,7 @@ impl Volume {
                     .st_mode
                     & libc::S_IFMT
                     == libc::S_IFBLK;
-                reopen_file(fd, shown_as, true, block)?
+                reopen_file(fd, shown_as, true, if block { libc::O_EXCL } else { 0 })?
             }
             Place::Path(path) => {
                 let meta =
@@ -128,7 +128,7 @@ impl Volume {
         };
         let size = size_of(&file, path, kind)?;
         let direct = match kind {
-            DeviceKind::Block => Direct::open(&file, block_size),
+            DeviceKind::Block => Direct::open(&file, path, block_size),
             DeviceKind::Image => None,
         };
         Ok(Self { file, kind, size, block_size, direct })

@@ -16,11 +16,14 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crossbeam_channel::{Receiver, Sender};
+
+use crate::place::reopen_file;
 
 /// Alignment of a direct write's offset, length and buffer: 4 KiB, a multiple of every
 /// logical block size up to it (512-byte and 4Kn devices) and of the DMA alignment of the
@@ -52,14 +55,11 @@ impl Direct {
     /// Opens `device` (a block device already open for writing) again with `O_DIRECT`; `None`
     /// when the device or its driver does not take direct I/O, or its logical block size is
     /// above [`ALIGN`]. Never exclusive: the first handle holds the device's exclusive claim.
-    pub(crate) fn open(device: &File, block_size: u32) -> Option<Self> {
+    pub(crate) fn open(device: &File, shown_as: &Path, block_size: u32) -> Option<Self> {
         if block_size == 0 || !block_size.is_power_of_two() || block_size as usize > ALIGN {
             return None;
         }
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC | libc::O_NOCTTY)
-            .open(format!("/proc/self/fd/{}", device.as_fd().as_raw_fd()))
+        let file = reopen_file(device.as_fd(), shown_as, true, libc::O_DIRECT)
             .map_err(|e| tracing::info!(error = %e, "no direct writes to the restore target"))
             .ok()?;
         Some(Self {
@@ -291,7 +291,7 @@ mod tests {
             .open(dir.path().join("dev"))
             .unwrap();
         file.set_len(4 << 20).unwrap();
-        let direct = Direct::open(&file, 512).unwrap_or_else(|| {
+        let direct = Direct::open(&file, dir.path(), 512).unwrap_or_else(|| {
             panic!("{} takes no O_DIRECT: set TMPDIR to a disk file system", dir.path().display())
         });
         (dir, file, direct)
@@ -500,8 +500,8 @@ mod tests {
     fn a_block_size_above_4_kib_is_not_written_directly() {
         let dir = tempfile::tempdir().unwrap();
         let file = File::create(dir.path().join("dev")).unwrap();
-        assert!(Direct::open(&file, 8192).is_none());
-        assert!(Direct::open(&file, 0).is_none());
-        assert!(Direct::open(&file, 1536).is_none());
+        assert!(Direct::open(&file, dir.path(), 8192).is_none());
+        assert!(Direct::open(&file, dir.path(), 0).is_none());
+        assert!(Direct::open(&file, dir.path(), 1536).is_none());
     }
 }
