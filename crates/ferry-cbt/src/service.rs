@@ -48,10 +48,14 @@ impl Service {
     /// against the API server).
     pub async fn discover(client: kube::Client, driver: &str) -> Result<Self, CbtError> {
         let api: Api<SnapshotMetadataService> = Api::all(client.clone());
-        let found = api
-            .get_opt(driver)
-            .await
-            .map_err(|source| CbtError::Discover { driver: driver.to_owned(), source })?;
+        let found = match api.get_opt(driver).await {
+            Ok(found) => found,
+            // A cluster that does not serve the API at all (no CRD, as on most clusters today)
+            // answers 404 for the resource with a plain-text body, which `get_opt` does not
+            // take for an absent object: the driver offers no service either way.
+            Err(kube::Error::Api(status)) if status.code == 404 => None,
+            Err(source) => return Err(CbtError::Discover { driver: driver.to_owned(), source }),
+        };
         let sms = found.ok_or_else(|| CbtError::NoService { driver: driver.to_owned() })?;
         let service = Self::from_object(driver, &sms)?;
         let issuer = issuer(&client).await;

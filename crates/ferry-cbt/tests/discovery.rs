@@ -1,6 +1,7 @@
-//! Discovery and tokens against a real API server: a driver without a service, a service whose
-//! audience the API server itself accepts (refused: the token would be an API credential), and
-//! tokens scoped to the service's audience, bound to a pod, renewed on demand.
+//! Discovery and tokens against a real API server: a driver without a service (also in a cluster
+//! that does not serve the API at all), a service whose audience the API server itself accepts
+//! (refused: the token would be an API credential), and tokens scoped to the service's
+//! audience, bound to a pod, renewed on demand.
 
 #![allow(clippy::unwrap_used)]
 
@@ -94,6 +95,24 @@ async fn a_service_is_found_by_driver_and_refused_when_its_audience_is_the_api_s
         );
         assert_eq!(err.reason().map(|r| r.as_str()), Some("unreachable"));
     }
+    Ok(())
+}
+
+/// Most clusters serve no `cbt.storage.k8s.io` API at all (the CRD comes with the
+/// external-snapshot-metadata sidecar): the API server answers 404 for the resource itself, and
+/// that too is a driver without changed-block tracking, not an error of discovery.
+#[tokio::test]
+async fn a_cluster_without_the_snapshot_metadata_api_offers_no_service() -> TestResult {
+    let cp = ControlPlane::start().await?;
+    let client = cp.client()?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    assert!(
+        crds.get_opt("snapshotmetadataservices.cbt.storage.k8s.io").await?.is_none(),
+        "a fresh control plane serves the SnapshotMetadataService API: this test shows nothing"
+    );
+    let err = Service::discover(client, "hostpath.csi.k8s.io").await.unwrap_err();
+    assert!(matches!(err, CbtError::NoService { .. }), "{err}");
+    assert_eq!(err.reason().map(|r| r.as_str()), Some("no-service"));
     Ok(())
 }
 

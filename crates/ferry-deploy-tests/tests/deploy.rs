@@ -129,6 +129,8 @@ agent:
   kubeletRoot: /var/lib/k0s/kubelet/
   cache: {{enabled: true, sizeMiB: 256, volumeSizeLimit: 1Gi}}
   restoreFidelity: full
+  keepBaseSnapshot: true
+  extraArgs: [--deletion-interval, 45s]
   resources: {{requests: {{cpu: 250m, memory: 128Mi}}, limits: {{cpu: '1', memory: 1Gi}}}}
 nodeSelector: {{backup: 'yes'}}
 tolerations: [{{key: dedicated, operator: Equal, value: storage, effect: NoSchedule}}]
@@ -193,7 +195,10 @@ nodeAgentConfig: {{name: ferry-config, config: {{loadConcurrency: {{globalConfig
             "--cache-size-mib",
             "256",
             "--restore-fidelity",
-            "full"
+            "full",
+            "--keep-base-snapshot",
+            "--deletion-interval",
+            "45s"
         ]
     );
     let cache = pod["volumes"]

@@ -16,8 +16,10 @@ use kube::Api;
 use crate::cbt::{MIB, back_up, kept_block_pvc, release_base, restore_block};
 use crate::node::{self, TestResult};
 
-/// Big enough for the 256 MiB change; every volume made from a snapshot is written whole.
-const SIZE: &str = "1Gi";
+/// A volume of a few GiB, as #22 asks. The hostpath driver writes every volume made from a
+/// snapshot whole (`dd`): each backup's volume costs 2 GiB of disk writes.
+const SIZE: &str = "2Gi";
+const SIZE_BYTES: u64 = 2048 * MIB;
 
 /// The file backing block PVC `ns/pvc` on the node, once it is provisioned.
 async fn backing_file(
@@ -145,7 +147,7 @@ async fn an_ext4_volume_backs_up_by_allocated_ranges_then_by_delta_and_restores_
     assert!(message.contains("allocated ranges"), "not by the allocated ranges: {message}");
     let read =
         node::number_after(&message, "read ").ok_or_else(|| format!("no count in {message:?}"))?;
-    // The data, the metadata mkfs wrote and the sample: nowhere near the 1 GiB device.
+    // The data, the metadata mkfs wrote and the sample: nowhere near the 2 GiB device.
     assert!((24 * MIB..160 * MIB).contains(&read), "read {read} bytes: {message}");
     restore_and_compare(node, &client, &first, &written, "data", &data, &[]).await?;
 
@@ -162,7 +164,7 @@ async fn an_ext4_volume_backs_up_by_allocated_ranges_then_by_delta_and_restores_
     );
     let read =
         node::number_after(&message, "read ").ok_or_else(|| format!("no count in {message:?}"))?;
-    let check = ferry_repo::default_delta_check(1024 * MIB, ferry_repo::DEFAULT_VOLUME_CHUNK);
+    let check = ferry_repo::default_delta_check(SIZE_BYTES, ferry_repo::DEFAULT_VOLUME_CHUNK);
     assert!(read < check + 16 * MIB, "read {read} bytes for a 100 KiB change: {message}");
     restore_and_compare(node, &client, &second, &written, "small", &small, &["src/main.rs"])
         .await?;

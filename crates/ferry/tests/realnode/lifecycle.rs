@@ -3,8 +3,7 @@
 //! the upload completes), and what a user sees (`kubectl get datauploads`, Events, `/metrics`
 //! scraped from the agent's pod).
 
-use std::io::{Read, Write};
-use std::net::SocketAddr;
+use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use ferry_api::DataUpload;
@@ -12,9 +11,9 @@ use ferry_api::k8s_openapi::api::core::v1::Pod;
 use ferry_testbed::VELERO_NAMESPACE;
 use kube::api::{Api, DeleteParams, ListParams};
 
-use crate::holder;
 use crate::node::{self, AGENT_DAEMONSET, AGENT_LABELS, TestResult, WAIT, name_of};
 use crate::round_trip::{FS_MANIFEST, FS_WRITE};
+use crate::{holder, metrics};
 
 #[tokio::test]
 async fn an_incremental_backup_after_a_change_stores_only_the_change() -> TestResult {
@@ -178,36 +177,11 @@ async fn a_user_sees_columns_events_and_metrics() -> TestResult {
         assert!(!ours.contains_key(reason), "no {reason} Event on {name}: {ours:?}");
     }
 
-    let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
-    let agent = pods.list(&ListParams::default().labels(AGENT_LABELS)).await?.items;
-    let ip = agent
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .find_map(|p| p.status.as_ref().and_then(|s| s.pod_ip.clone()))
-        .ok_or("the agent's pod has no address")?;
-    let metrics = http_get(node, SocketAddr::new(ip.parse()?, 8085), "/metrics")?;
+    let metrics = metrics::scrape(node, &client).await?.text;
     let node_label = format!("node=\"{}\"", ferry_testbed::realnode::NODE_NAME);
-    let uploads_done: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("ferry_data_upload_success_total{") && l.contains(&node_label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let uploads_done = metrics::value(&metrics, "ferry_data_upload_success_total", &[&node_label]);
     assert!(uploads_done >= 1.0, "the agent counted this upload: {metrics}");
     Ok(())
-}
-
-/// A plain HTTP/1.0 GET to an address inside the node's network.
-fn http_get(
-    node: &node::Node,
-    addr: SocketAddr,
-    path: &str,
-) -> Result<String, Box<dyn std::error::Error>> {
-    let mut stream = node.cluster.connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body)?;
-    Ok(body)
 }
 
 /// Cancel from Velero (`spec.cancel`, as its plugin's Cancel() sets it) while the data moves:

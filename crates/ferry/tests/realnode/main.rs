@@ -13,6 +13,7 @@ mod cbt_wrong;
 mod holder;
 mod kept;
 mod lifecycle;
+mod metrics;
 mod node;
 mod provisioning;
 mod round_trip;
