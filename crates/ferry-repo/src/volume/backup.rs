@@ -6,9 +6,11 @@
 //! next segment (atomic counter) --> N readers (pread, zero test, hash, compress, encrypt,
 //!                                   pack) --packs--> uploader; chunk ids --> slot table
 //! ```
-//! A reader asks the kernel to read its whole segment, and the one a reader will take next,
-//! in the background (`POSIX_FADV_WILLNEED`), so the device streams while the readers compute;
-//! a finished segment is dropped from the page cache.
+//! Reading every chunk, a reader asks the kernel to read its whole segment, and the one a
+//! reader will take next, in the background (`POSIX_FADV_WILLNEED`), so the device streams
+//! while the readers compute. When a plan names the chunks to read, the readers take their
+//! segments through `ahead.rs`, which asks for the next planned chunks across segments.
+//! A finished segment is dropped from the page cache.
 //! Memory: one chunk buffer, two sealing buffers and one frame (about 1 MiB, with about 2 MiB
 //! to compress and seal it) per reader, the shared open packs, the
 //! packs being uploaded (their buffers kept for the next packs), and one 33-byte slot per
@@ -32,15 +34,21 @@ use crate::progress::{Counters, ProgressFn, Ticker};
 use crate::repo::claims::Claims;
 use crate::repo::writer::{LocalPacker, PackSink, Uploader, WriteStats, upload_cause};
 use crate::repo::{Repository, hostname};
+use crate::volume::ahead::Ahead;
 use crate::volume::device::{Volume, is_zero};
 use crate::volume::{ReadPlan, VolumeBackupOptions, VolumeBackupSummary, VolumeMap};
 
 /// Chunks handed to a reader at a time.
 const SEGMENT_CHUNKS: u64 = 64;
 
-/// Most bytes the readers ask the kernel to read ahead of them at once: page cache that counts
-/// against the pod's memory, and may be evicted unread if it is too much.
+/// Most bytes the readers ask the kernel to read ahead of them at once when they read every
+/// chunk: page cache that counts against the pod's memory, and may be evicted unread if it is
+/// too much.
 const READ_AHEAD_BUDGET: u64 = 256 << 20;
+
+/// How many bytes of the chunks a plan names the readers ask the kernel for, counted from the
+/// start of the newest segment taken, across segments (see `ahead.rs`).
+const PLANNED_AHEAD: u64 = 64 << 20;
 
 struct Shared {
     repo: Repository,
@@ -56,8 +64,12 @@ struct Shared {
     /// of readers, so each prefetch lands just before some reader needs it. `None` when the
     /// readers' segments alone fill the read-ahead budget.
     lookahead: Option<u64>,
-    /// How much of its own segment a reader asks the kernel to read ahead.
+    /// How much of its own segment a reader asks the kernel to read ahead (reading every
+    /// chunk).
     prefetch_len: u64,
+    /// When the plan names the chunks to read: the segment counter (instead of
+    /// `next_segment`) and the read-ahead across segments.
+    ahead: Option<Ahead>,
     /// The chunk id at each chunk index (`None`: unallocated or all zeros).
     slots: Mutex<Vec<Option<BlobId>>>,
     /// Which chunks are read ([`crate::ReadPlan`]); the others keep their starting slot.
@@ -229,6 +241,10 @@ async fn backup_volume_leased(
             && threads as u64 * SEGMENT_CHUNKS * chunk_size <= READ_AHEAD_BUDGET)
             .then_some(threads as u64),
         prefetch_len: (READ_AHEAD_BUDGET / threads.max(1) as u64).min(SEGMENT_CHUNKS * chunk_size),
+        ahead: plan
+            .read
+            .is_some()
+            .then(|| Ahead::new(PLANNED_AHEAD, chunk_size, SEGMENT_CHUNKS, volume.size)),
         slots: Mutex::new(std::mem::take(&mut plan.slots)),
         unread_is_gap: matches!(options.read_plan, ReadPlan::Only(_)),
         plan,
@@ -385,7 +401,13 @@ fn read_segments(shared: &Shared, mut packer: LocalPacker) -> RepoResult<()> {
     let (size, chunk) = (shared.volume.size, shared.chunk_size);
     let path = || shared.path.clone();
     loop {
-        let segment = shared.next_segment.fetch_add(1, Ordering::Relaxed);
+        let (segment, asks) = match &shared.ahead {
+            Some(ahead) => ahead.take(&shared.plan),
+            None => (shared.next_segment.fetch_add(1, Ordering::Relaxed), Vec::new()),
+        };
+        for (at, len) in asks {
+            shared.volume.prefetch(at, len);
+        }
         let first = segment * SEGMENT_CHUNKS;
         if first >= shared.chunks() {
             return packer.finish();
@@ -397,20 +419,6 @@ fn read_segments(shared: &Shared, mut packer: LocalPacker) -> RepoResult<()> {
             if !(first..last).any(|i| shared.plan.reads(i) || shared.plan.verify.contains_key(&i)) {
                 skip_unread(shared, end - start);
                 continue;
-            }
-            // Only the runs of chunks the plan reads, within the reader's read-ahead share.
-            let (mut i, mut budget) = (first, shared.prefetch_len);
-            while i < last && budget > 0 {
-                if shared.plan.reads(i) {
-                    let run = (i..last).take_while(|&j| shared.plan.reads(j)).count() as u64;
-                    let at = i * chunk;
-                    let len = (run * chunk).min(end - at).min(budget);
-                    shared.volume.prefetch(at, len);
-                    budget -= len;
-                    i += run;
-                } else {
-                    i += 1;
-                }
             }
         } else {
             shared.volume.prefetch(start, (end - start).min(shared.prefetch_len));

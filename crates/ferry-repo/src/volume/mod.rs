@@ -11,9 +11,10 @@
 //! Code map: `device.rs` (opening devices and images, sizes, SEEK_DATA, zeroing),
 //! `direct.rs` (a restore's direct writes to a block device),
 //! `backup.rs` (parallel readers), `plan.rs` (which chunks a [`ReadPlan`] reads, and which
-//! come from the parent), `restore.rs` (parallel writers), `map.rs` (the checked layout of a
-//! volume snapshot).
+//! come from the parent), `ahead.rs` (the readers' segments and read-ahead along such a
+//! plan), `restore.rs` (parallel writers), `map.rs` (the checked layout of a volume snapshot).
 
+mod ahead;
 mod backup;
 mod device;
 mod direct;
