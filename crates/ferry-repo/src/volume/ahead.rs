@@ -68,16 +68,15 @@ impl Ahead {
             }
         }
         state.cursor = state.cursor.max(start / self.chunk);
-        let wanted = |i: u64| plan.reads(i) || plan.verify.contains_key(&i);
         let mut out = Vec::new();
         while state.bytes < self.budget {
-            let Some(first) = next_wanted(plan, state.cursor).filter(|&i| i < chunks) else {
+            let Some(first) = plan.next_touched(state.cursor).filter(|&i| i < chunks) else {
                 state.cursor = chunks;
                 break;
             };
             let room = (self.budget - state.bytes).div_ceil(self.chunk);
             let run = (first..chunks).take(usize::try_from(room).unwrap_or(usize::MAX));
-            let last = run.take_while(|&i| wanted(i)).last().unwrap_or(first);
+            let last = run.take_while(|&i| plan.touches(i)).last().unwrap_or(first);
             let at = first * self.chunk;
             let len = ((last + 1) * self.chunk).min(self.size) - at;
             state.asked.push_back((at, len));
@@ -86,17 +85,6 @@ impl Ahead {
             out.push((at, len));
         }
         (segment, out)
-    }
-}
-
-/// The first chunk from `from` on that `plan` reads or checks.
-fn next_wanted(plan: &Plan, from: u64) -> Option<u64> {
-    let index = usize::try_from(from).ok()?;
-    let read = plan.read.as_ref()?.get(index..)?.iter().position(|&r| r).map(|p| from + p as u64);
-    let check = plan.verify.range(from..).next().map(|(&i, _)| i);
-    match (read, check) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }
 

@@ -416,7 +416,7 @@ fn read_segments(shared: &Shared, mut packer: LocalPacker) -> RepoResult<()> {
         let (start, end) = (first * chunk, (last * chunk).min(size));
         let segment_bytes = SEGMENT_CHUNKS * chunk;
         if shared.plan.read.is_some() {
-            if !(first..last).any(|i| shared.plan.reads(i) || shared.plan.verify.contains_key(&i)) {
+            if !(first..last).any(|i| shared.plan.touches(i)) {
                 skip_unread(shared, end - start);
                 continue;
             }

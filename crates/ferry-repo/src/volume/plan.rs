@@ -27,6 +27,24 @@ impl Plan {
             r.get(usize::try_from(i).unwrap_or(usize::MAX)).copied().unwrap_or(true)
         })
     }
+
+    /// Whether chunk `i` is read, to store it or to check it against the parent.
+    pub fn touches(&self, i: u64) -> bool {
+        self.reads(i) || self.verify.contains_key(&i)
+    }
+
+    /// The first chunk from `from` on that is read or checked; `None` past the last one, or
+    /// when the plan reads every chunk.
+    pub fn next_touched(&self, from: u64) -> Option<u64> {
+        let index = usize::try_from(from).ok()?;
+        let read = self.read.as_ref()?.get(index..)?.iter().position(|&r| r);
+        let read = read.map(|p| from + p as u64);
+        let check = self.verify.range(from..).next().map(|(&i, _)| i);
+        match (read, check) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// The chunks (of `chunk` bytes, the last one short) of a `size`-byte volume that `ranges`
