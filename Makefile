@@ -16,7 +16,8 @@ LINTED := RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-D__CLIPPY_HACKER
 ## `make -j4 test` (what .ci/run runs) builds the Go tools, the Rust tests and the release binary
 ## the real-node tests put in Ferry's image (FERRY_IMAGE_BINARY) side by side. The
 ## test binaries then run two at a time, the longest first (scripts/run-tests.sh; FERRY_TEST_JOBS=1
-## runs them one after another), while the fuzz targets build at low priority.
+## runs them one after another), while the fuzz targets build at low priority; then the
+## documentation's examples (doc tests, which `--all-targets` leaves out) and the fuzz run.
 test: fmt-check tools test-build image-binary
 	@set -e; fuzz_log=$$(mktemp); nice -n 19 scripts/fuzz.sh --build-only >"$$fuzz_log" 2>&1 & fuzz=$$!; \
 	trap 'kill $$fuzz 2>/dev/null || true; rm -f "$$fuzz_log"' EXIT; \
@@ -24,6 +25,7 @@ test: fmt-check tools test-build image-binary
 	scripts/check-leaks.sh; \
 	[ $$status = 0 ] || exit $$status; \
 	wait $$fuzz || { cat "$$fuzz_log" >&2; echo "fuzz: building the targets failed" >&2; exit 1; }; \
+	$(CARGO) test --workspace --locked --doc; \
 	scripts/fuzz.sh 8
 
 ## The release binary the real-node tests put in Ferry's image, as the Dockerfile builds it

@@ -262,6 +262,10 @@ pub struct RestoreOutcome {
     /// What the restore withheld of the snapshot (device nodes, set-ID bits, privileged
     /// xattrs) and how to ask for it: a Warning Event `RestoreWithheld` on the DataDownload.
     pub withheld: Option<String>,
+    /// What the restored volume lacks though the restore wrote all the snapshot holds: entries
+    /// unreadable when backed up (restored as recorded, their content missing), metadata the
+    /// volume did not take. A Warning Event `RestoreShortfall` on the DataDownload.
+    pub shortfall: Option<String>,
 }
 
 /// Moves data between an exposed volume and the repository.

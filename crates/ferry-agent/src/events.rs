@@ -25,6 +25,9 @@ pub const REPOSITORY_WARNING: &str = "RepositoryWarning";
 /// The reason of the Warning Event on a Completed DataDownload that withheld parts of the
 /// snapshot (see `RestoreOutcome::withheld`).
 pub const RESTORE_WITHHELD: &str = "RestoreWithheld";
+/// The reason of the Warning Event on a Completed DataDownload whose volume lacks something
+/// though the restore wrote all the snapshot holds (see `RestoreOutcome::shortfall`).
+pub const RESTORE_SHORTFALL: &str = "RestoreShortfall";
 
 impl Events {
     pub(crate) fn new(client: kube::Client, node: &str) -> Self {

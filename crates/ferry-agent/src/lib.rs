@@ -49,7 +49,7 @@ pub use backend::{
 };
 pub use config::AgentConfig;
 pub use error::{AgentError, BoxError, ReconcileError, WorkError, error_chain};
-pub use events::{REPORTING_CONTROLLER, REPOSITORY_WARNING, RESTORE_WITHHELD};
+pub use events::{REPORTING_CONTROLLER, REPOSITORY_WARNING, RESTORE_SHORTFALL, RESTORE_WITHHELD};
 pub use liveness::{LEASE_LABEL, lease_name};
 pub use metrics::Metrics;
 pub use progress::{Breakdown, ProgressSink, ProgressSnapshot};

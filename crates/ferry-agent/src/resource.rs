@@ -15,7 +15,7 @@ use kube::core::NamespaceResourceScope;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
-use crate::events::{REPOSITORY_WARNING, RESTORE_WITHHELD};
+use crate::events::{REPOSITORY_WARNING, RESTORE_SHORTFALL, RESTORE_WITHHELD};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
@@ -316,7 +316,10 @@ impl MoverCr for DataDownload {
 
     fn outcome_warnings(outcome: &RestoreOutcome) -> Vec<(&'static str, String)> {
         let warnings = outcome.warnings.iter().map(|w| (REPOSITORY_WARNING, w.clone()));
-        warnings.chain(outcome.withheld.iter().map(|w| (RESTORE_WITHHELD, w.clone()))).collect()
+        warnings
+            .chain(outcome.withheld.iter().map(|w| (RESTORE_WITHHELD, w.clone())))
+            .chain(outcome.shortfall.iter().map(|w| (RESTORE_SHORTFALL, w.clone())))
+            .collect()
     }
 
     fn describe_outcome(outcome: &RestoreOutcome) -> String {
@@ -449,6 +452,25 @@ mod tests {
         for p in DataDownloadPhase::ALL {
             assert_eq!(DataDownloadPhase::from(Phase::from(p)), p);
         }
+    }
+
+    #[test]
+    fn each_kind_of_restore_note_becomes_its_own_warning_event() {
+        let outcome = RestoreOutcome {
+            total_bytes: 1,
+            warnings: vec!["w".into()],
+            withheld: Some("held".into()),
+            shortfall: Some("short".into()),
+        };
+        assert_eq!(
+            DataDownload::outcome_warnings(&outcome),
+            [
+                (REPOSITORY_WARNING, "w".to_owned()),
+                (RESTORE_WITHHELD, "held".to_owned()),
+                (RESTORE_SHORTFALL, "short".to_owned())
+            ]
+        );
+        assert!(DataDownload::outcome_warnings(&RestoreOutcome::default()).is_empty());
     }
 
     #[test]

@@ -56,6 +56,8 @@ fn every_plain_manifest_passes_server_dry_run() -> anyhow::Result<()> {
         "RoleBinding",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ];
     assert_eq!(kinds, expected);
@@ -130,6 +132,7 @@ agent:
   cache: {{enabled: true, sizeMiB: 256, volumeSizeLimit: 1Gi}}
   restoreFidelity: full
   keepBaseSnapshot: true
+  adoptVeleroKeyedRepositories: true
   extraArgs: [--deletion-interval, 45s]
   resources: {{requests: {{cpu: 250m, memory: 128Mi}}, limits: {{cpu: '1', memory: 1Gi}}}}
 nodeSelector: {{backup: 'yes'}}
@@ -145,7 +148,7 @@ nodeAgentConfig: {{name: ferry-config, config: {{loadConcurrency: {{globalConfig
         let _applying = manifests_lock();
         kubectl(cp, &["apply", "--dry-run=server", "-f", "-"], Some(&yaml))?
     };
-    assert_eq!(out.matches("(server dry run)").count(), 9, "{out}");
+    assert_eq!(out.matches("(server dry run)").count(), 11, "{out}");
 
     let objects = by_kind_and_name(documents(&yaml)?)?;
     for ((kind, name), object) in &objects {
@@ -161,6 +164,21 @@ nodeAgentConfig: {{name: ferry-config, config: {{loadConcurrency: {{globalConfig
         policy["spec"]["matchConditions"][0]["expression"],
         format!("request.userInfo.username == 'system:serviceaccount:{ns}:ferry-agent'"),
         "the policy binds the agent's account in the release's namespace"
+    );
+    let pinned = policy["spec"]["validations"].as_sequence().is_some_and(|v| {
+        v.iter().any(|r| {
+            r["expression"].as_str().is_some_and(|e| {
+                e.contains("object.spec.containers[0].image == 'registry.example/ferry:1.2.3'")
+            })
+        })
+    });
+    assert!(pinned, "the holding pods' image follows the values: {policy:?}");
+    let secrets =
+        &objects[&("ValidatingAdmissionPolicy".to_owned(), "ferry-agent-secrets".to_owned())];
+    assert_eq!(
+        secrets["spec"]["matchConditions"][0]["expression"],
+        format!("request.userInfo.username == 'system:serviceaccount:{ns}:ferry-agent'"),
+        "the secrets policy binds the agent's account in the release's namespace"
     );
     let config = &objects[&("ConfigMap".to_owned(), "ferry-config".to_owned())];
     assert_eq!(config["data"]["node-agent-config.json"]["loadConcurrency"]["globalConfig"], 3);
@@ -197,6 +215,7 @@ nodeAgentConfig: {{name: ferry-config, config: {{loadConcurrency: {{globalConfig
             "--restore-fidelity",
             "full",
             "--keep-base-snapshot",
+            "--adopt-velero-keyed-repositories",
             "--deletion-interval",
             "45s"
         ]
@@ -257,6 +276,7 @@ fn under_dev(path: &str) -> bool {
 #[test]
 fn no_dev_mount_asks_for_mount_propagation() -> anyhow::Result<()> {
     let mut dev_mounts = 0;
+    let mut pods_mounts = 0;
     let mut wrong = Vec::new();
     for (form, docs) in every_deployment_form()? {
         for (container, volumes) in containers(&docs) {
@@ -277,6 +297,7 @@ fn no_dev_mount_asks_for_mount_propagation() -> anyhow::Result<()> {
                     }
                 }
                 if host_path.ends_with("/kubelet/pods") {
+                    pods_mounts += 1;
                     assert_eq!(propagation, Some("HostToContainer"), "{form}: {mount_path}");
                 }
             }
@@ -284,6 +305,10 @@ fn no_dev_mount_asks_for_mount_propagation() -> anyhow::Result<()> {
     }
     assert!(wrong.is_empty(), "/dev mounts asking for propagation:\n{}", wrong.join("\n"));
     assert_eq!(dev_mounts, 2, "one /dev mount in the manifest and one in the chart");
+    assert_eq!(
+        pods_mounts, 2,
+        "one mount of the kubelet's pods directory in the manifest and one in the chart"
+    );
     Ok(())
 }
 
@@ -525,7 +550,7 @@ fn pod_yaml(name: &str, tweak: impl FnOnce(&mut serde_json::Value)) -> String {
             "securityContext": { "runAsNonRoot": true, "runAsUser": 65532,
                 "seccompProfile": { "type": "RuntimeDefault" } },
             "containers": [{
-                "name": "hold", "image": "registry.example/ferry:1", "command": ["/ferry", "hold"],
+                "name": "hold", "image": "ferry:latest", "command": ["/ferry", "hold"],
                 "securityContext": { "allowPrivilegeEscalation": false,
                     "readOnlyRootFilesystem": true, "capabilities": { "drop": ["ALL"] } },
                 "volumeMounts": [{ "name": "volume", "mountPath": "/volume" }],
@@ -535,6 +560,81 @@ fn pod_yaml(name: &str, tweak: impl FnOnce(&mut serde_json::Value)) -> String {
     });
     tweak(&mut pod);
     pod.to_string()
+}
+
+/// The second policy beside the agent's RBAC lets the agent's account create only its repository
+/// password secret, of type Opaque: a service-account token secret (which the cluster would fill
+/// in with a token of the account it names, Velero's among them) or any other secret is refused.
+/// Other users are not affected.
+#[test]
+fn the_agent_may_create_only_its_password_secret() -> anyhow::Result<()> {
+    let cp = ControlPlane::shared();
+    apply_agent_policies(cp)?;
+    let secret = |name: &str, kind: Option<&str>| {
+        let mut s = serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": name, "namespace": "velero" },
+            "data": { "password": "cGFzc3dvcmQ=" },
+        });
+        if let Some(kind) = kind {
+            s["type"] = kind.into();
+            if kind == "kubernetes.io/service-account-token" {
+                s["metadata"]["annotations"] =
+                    serde_json::json!({ "kubernetes.io/service-account.name": "velero" });
+                s["data"] = serde_json::json!({});
+            }
+        }
+        s.to_string()
+    };
+    let token = secret("ferry-repo-credentials", Some("kubernetes.io/service-account-token"));
+    let out = refused_by(cp, "ferry-agent-secrets", &token)?;
+    assert!(out.contains("only create its repository password secret"), "{out}");
+    for (what, object) in [
+        ("another name", secret("velero-token", None)),
+        ("another type", secret("ferry-repo-credentials", Some("kubernetes.io/basic-auth"))),
+    ] {
+        let (admitted, out) = create_as(cp, Some(AGENT), &object)?;
+        assert!(!admitted && out.contains("ferry-agent-secrets"), "{what}: {admitted}: {out}");
+    }
+    for object in
+        [secret("ferry-repo-credentials", None), secret("ferry-repo-credentials", Some("Opaque"))]
+    {
+        let (admitted, out) = create_as(cp, Some(AGENT), &object)?;
+        assert!(admitted, "the agent's password secret is refused: {out}");
+    }
+    // Anyone else is not bound by it.
+    let (admitted, out) = create_as(cp, None, &token)?;
+    assert!(admitted, "the policy binds only the agent's account: {out}");
+    Ok(())
+}
+
+/// Applies the agent's account, its RBAC and the admission policies from the plain manifests.
+fn apply_agent_policies(cp: &ControlPlane) -> anyhow::Result<()> {
+    let dir = ferry_deploy_tests::deploy_dir()?.join("manifests");
+    let _applying = manifests_lock();
+    for file in
+        ["serviceaccount.yaml", "rbac-namespace.yaml", "rbac-cluster.yaml", "admission-policy.yaml"]
+    {
+        kubectl(cp, &["apply", "-f", &dir.join(file).to_string_lossy()], None)?;
+    }
+    Ok(())
+}
+
+/// Creates `object` (server dry run) as the agent until `policy` refuses it, the API server's
+/// answer: it learns of policies, bindings and RBAC rules through its informers, so an early
+/// answer may admit it or refuse it for want of a role. Bounded: 60 s.
+fn refused_by(cp: &ControlPlane, policy: &str, object: &str) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (admitted, out) = create_as(cp, Some(AGENT), object)?;
+        if !admitted && out.contains(policy) {
+            return Ok(out);
+        }
+        if Instant::now() > deadline {
+            bail!("{policy} never took effect: {out}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }
 
 /// Creates `pod` (server dry run) as `user` (`None`: the admin); the API server's answer.
@@ -555,40 +655,45 @@ fn create_as(cp: &ControlPlane, user: Option<&str>, pod: &str) -> anyhow::Result
 #[test]
 fn the_agent_may_create_only_holding_pods() -> anyhow::Result<()> {
     let cp = ControlPlane::shared();
-    let dir = ferry_deploy_tests::deploy_dir()?.join("manifests");
-    {
-        let _applying = manifests_lock();
-        for file in [
-            "serviceaccount.yaml",
-            "rbac-namespace.yaml",
-            "rbac-cluster.yaml",
-            "admission-policy.yaml",
-        ] {
-            kubectl(cp, &["apply", "-f", &dir.join(file).to_string_lossy()], None)?;
-        }
-    }
+    apply_agent_policies(cp)?;
     let host_path = pod_yaml("host-path", |p| {
         p["spec"]["volumes"] =
             serde_json::json!([{ "name": "volume", "hostPath": { "path": "/" } }]);
     });
-    // The API server learns of the policy and binding through its informers: wait, boundedly,
-    // until it refuses.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (admitted, out) = create_as(cp, Some(AGENT), &host_path)?;
-        if !admitted {
-            assert!(out.contains("mounts only PersistentVolumeClaims"), "{out}");
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("the admission policy never took effect: {out}");
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    let out = refused_by(cp, "ferry-agent-holding-pods", &host_path)?;
+    assert!(out.contains("mounts only PersistentVolumeClaims"), "{out}");
     let (admitted, out) = create_as(cp, Some(AGENT), &pod_yaml("holder", |_| {}))?;
     assert!(admitted, "a holding pod is refused: {out}");
     type Tweak = fn(&mut serde_json::Value);
-    let refused: [(&str, Tweak, &str); 8] = [
+    let refused: [(&str, Tweak, &str); 13] = [
+        (
+            "other-image",
+            |p| p["spec"]["containers"][0]["image"] = "registry.example/tools:1".into(),
+            "runs `/ferry hold` in Ferry's image",
+        ),
+        (
+            "other-command",
+            |p| p["spec"]["containers"][0]["command"] = serde_json::json!(["/bin/sh", "-c", "x"]),
+            "runs `/ferry hold` in Ferry's image",
+        ),
+        (
+            "extra-args",
+            |p| p["spec"]["containers"][0]["args"] = serde_json::json!(["--x"]),
+            "runs `/ferry hold` in Ferry's image",
+        ),
+        (
+            "unconfined",
+            |p| p["spec"]["securityContext"]["seccompProfile"]["type"] = "Unconfined".into(),
+            "default seccomp profile",
+        ),
+        (
+            "unconfined-container",
+            |p| {
+                p["spec"]["containers"][0]["securityContext"]["seccompProfile"] =
+                    serde_json::json!({ "type": "Unconfined" });
+            },
+            "default seccomp profile",
+        ),
         (
             "as-velero",
             |p| {
@@ -613,7 +718,8 @@ fn the_agent_may_create_only_holding_pods() -> anyhow::Result<()> {
             // The pod says non-root, its one container overrides it (and runs as the image's
             // user, root in many images).
             |p| {
-                p["spec"]["securityContext"] = serde_json::json!({ "runAsNonRoot": true });
+                p["spec"]["securityContext"]["runAsNonRoot"] = true.into();
+                p["spec"]["securityContext"].as_object_mut().map(|c| c.remove("runAsUser"));
                 p["spec"]["containers"][0]["securityContext"]["runAsNonRoot"] = false.into();
             },
             "is unprivileged",

@@ -268,6 +268,87 @@ pub async fn release_kept_base(client: &Client, name: &str) -> Result<bool, Expo
     Ok(true)
 }
 
+/// A kept (or pending) base snapshot, as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptBase {
+    /// Its VolumeSnapshotContent (cluster-wide).
+    pub content: String,
+    /// `false` while the backup that is to keep it runs (labelled `pending`).
+    pub completed: bool,
+    /// The source PVC, `namespace/name` (empty if a hand-made label carries none).
+    pub source: String,
+    /// The DataUpload whose backup kept it, `namespace/name` (empty if none).
+    pub data_upload: String,
+    /// When that backup completed, in seconds since the Unix epoch (`None`: pending, unknown).
+    pub completed_at: Option<i64>,
+    /// The CSI driver and the physical snapshot's handle (empty until the driver reports it).
+    pub driver: String,
+    pub snapshot_handle: String,
+    /// Released already: deleted, waiting for the driver's snapshotter to delete the snapshot.
+    pub releasing: bool,
+}
+
+impl KeptBase {
+    /// `content` as a kept base; `None` when it is not labelled one.
+    #[must_use]
+    pub fn of(content: &VolumeSnapshotContent) -> Option<Self> {
+        let completed = match content.labels().get(KEPT_BASE_LABEL).map(String::as_str) {
+            Some("true") => true,
+            Some(PENDING) => false,
+            _ => return None,
+        };
+        let annotation = |key| content.annotations().get(key).cloned().unwrap_or_default();
+        let at = completed_of(content);
+        Some(Self {
+            content: content.name_any(),
+            completed,
+            source: annotation(SOURCE_ANNOTATION),
+            data_upload: annotation(DATA_UPLOAD_ANNOTATION),
+            completed_at: (completed && at > 0).then_some(at),
+            driver: content.spec.driver.clone(),
+            snapshot_handle: content
+                .status
+                .as_ref()
+                .and_then(|s| s.snapshot_handle.clone())
+                .unwrap_or_default(),
+            releasing: content.metadata.deletion_timestamp.is_some(),
+        })
+    }
+
+    /// The source PVC's namespace.
+    #[must_use]
+    pub fn source_namespace(&self) -> &str {
+        self.source.split_once('/').map_or("", |(ns, _)| ns)
+    }
+}
+
+/// Every kept and pending base snapshot, of PVCs in `source_namespace` if given, ordered by
+/// source PVC, then the completed ones by completion (the newest is the next delta's base),
+/// then the pending ones.
+///
+/// # Errors
+/// The API server refused the list.
+pub async fn kept_bases(
+    client: &Client,
+    source_namespace: Option<&str>,
+) -> Result<Vec<KeptBase>, ExposeError> {
+    let mut bases: Vec<KeptBase> = list(client, KEPT_BASE_LABEL)
+        .await?
+        .iter()
+        .filter_map(KeptBase::of)
+        .filter(|b| source_namespace.is_none_or(|ns| b.source_namespace() == ns))
+        .collect();
+    bases.sort_by(|a, b| {
+        (&a.source, !a.completed, a.completed_at, &a.content).cmp(&(
+            &b.source,
+            !b.completed,
+            b.completed_at,
+            &b.content,
+        ))
+    });
+    Ok(bases)
+}
+
 /// The kept bases matching `selector`.
 async fn list(client: &Client, selector: &str) -> Result<Vec<VolumeSnapshotContent>, ExposeError> {
     let listed = contents(client).list(&ListParams::default().labels(selector)).await;
@@ -370,6 +451,35 @@ mod tests {
         let mut files = content("Filesystem");
         mark_to_keep(&mut files, &du);
         assert!(!decided(&files));
+    }
+
+    #[test]
+    fn an_operator_sees_a_base_as_pending_then_kept_with_its_source_and_backup() {
+        let du = crate::backup::tests::upload("b-1");
+        let mut c = content("Block");
+        assert_eq!(KeptBase::of(&c), None, "not a kept base");
+        mark_to_keep(&mut c, &du);
+        let pending = KeptBase::of(&c).expect("a pending base");
+        assert!(!pending.completed && !pending.releasing);
+        assert_eq!(pending.completed_at, None);
+        assert_eq!((pending.source.as_str(), pending.source_namespace()), ("app/data", "app"));
+        assert_eq!(pending.data_upload, "velero/b-1");
+        assert_eq!(pending.content, c.name_any());
+        assert_eq!(pending.driver, "hostpath.csi.k8s.io");
+
+        c.labels_mut().insert(KEPT_BASE_LABEL.into(), "true".into());
+        c.labels_mut().insert(COMPLETED_LABEL.into(), "1796017600".into());
+        c.status = Some(ferry_api::VolumeSnapshotContentStatus {
+            snapshot_handle: Some("snap-handle".into()),
+            ..Default::default()
+        });
+        let kept = KeptBase::of(&c).expect("a kept base");
+        assert!(kept.completed);
+        assert_eq!(kept.completed_at, Some(1_796_017_600));
+        assert_eq!(kept.snapshot_handle, "snap-handle");
+
+        c.labels_mut().insert(KEPT_BASE_LABEL.into(), "maybe".into());
+        assert_eq!(KeptBase::of(&c), None, "an unknown label value is not Ferry's");
     }
 
     #[test]

@@ -58,7 +58,8 @@ pub use backup::CsiBackupExposer;
 pub use config::{ExposerConfig, ExposerConfigError};
 pub use error::ExposeError;
 pub use kept::{
-    KEEP_BASE_ANNOTATION, KEPT_BASE_LABEL, release_kept_base, release_orphaned_kept_bases,
+    KEEP_BASE_ANNOTATION, KEPT_BASE_LABEL, KeptBase, kept_bases, release_kept_base,
+    release_orphaned_kept_bases,
 };
 pub use kubelet::{find_volume, pod_volume_path};
 pub use placement::LoadAffinity;

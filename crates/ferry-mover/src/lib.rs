@@ -14,10 +14,10 @@
 //!   (`ferry-repo-credentials`, 32 random bytes hex, created by the first node, safely when
 //!   several race) and are never created with a weak password. Velero's
 //!   [`VELERO_PASSWORD_SECRET`] (whose published default Velero's server writes) is only read,
-//!   to open a repository an earlier version created with it; a key for Ferry's password is
-//!   then added to that repository and [`OpenedRepository::warning`] says how to remove the
-//!   old key (`ferry repo key remove`). [`FixedRepository`] serves one repository for
-//!   everything.
+//!   to recognize a repository an earlier version created with it: refused, unless
+//!   [`BslRepositories::adopting_velero_keyed`], which adds a key for Ferry's password (never
+//!   a weak one) and says in [`OpenedRepository::warning`] how to remove the old key (`ferry
+//!   repo key remove`). [`FixedRepository`] serves one repository for everything.
 //! - KMS: with [`KMS_KEY_ID_KEY`] (and optionally [`KMS_ENDPOINT_KEY`]) in Ferry's secret,
 //!   repositories are opened through AWS KMS in the BSL's region with the BSL's credentials,
 //!   and new ones (and key files added later) are wrapped by that key as well as the password;

@@ -120,6 +120,9 @@ pub fn restore_fidelity(dd: &DataDownload, default: Fidelity) -> Result<Fidelity
     })
 }
 
+/// Warnings of a file-system restore quoted on the DataDownload (all are in the log).
+const SHORTFALL_WARNINGS_SHOWN: usize = 3;
+
 /// What the user reads when a restore withheld parts of the snapshot.
 fn withheld_note(w: &Withheld) -> Option<String> {
     if !w.any() {
@@ -401,7 +404,7 @@ impl DataMover for RepoMover {
             .and_then(|c| c.get(WRITE_SPARSE_FILES))
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let report = Some(reporter(progress.clone()));
-        let mut withheld = None;
+        let (mut withheld, mut shortfall) = (None, None);
         let written = match volume.mode {
             VolumeMode::Filesystem => {
                 let threads = self.threads();
@@ -411,6 +414,9 @@ impl DataMover for RepoMover {
                     .await
                     .map_err(|e| work_error("restoring the volume", &location, e))?;
                 withheld = withheld_note(&summary.withheld);
+                // Entries unreadable at backup time and metadata the volume did not take: on
+                // the DataDownload, not only in the agent's log.
+                shortfall = summary.shortfall(SHORTFALL_WARNINGS_SHOWN);
                 summary.bytes
             }
             VolumeMode::Block => {
@@ -427,7 +433,7 @@ impl DataMover for RepoMover {
         };
         progress.set_total(written);
         progress.set_done(written);
-        Ok(RestoreOutcome { total_bytes: written, warnings, withheld })
+        Ok(RestoreOutcome { total_bytes: written, warnings, withheld, shortfall })
     }
 }
 
@@ -591,6 +597,48 @@ mod tests {
         let refused = mover.restore(&download(&snapshot), &volume, progress, cancel).await;
         let message = refused.unwrap_err().to_string();
         assert!(message.contains("was not opened"), "{message}");
+    }
+
+    /// A file unreadable at backup time (a write-only proc file bind-mounted over it: reading
+    /// fails even as root) comes back empty: the restore's outcome says so in a warning for
+    /// the DataDownload, not only in the log.
+    #[tokio::test]
+    async fn entries_unreadable_at_backup_are_reported_on_the_download() {
+        let cancel = CancellationToken::new();
+        let mover = memory_mover(&cancel).await;
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("good"), b"fine").unwrap();
+        let bad = src.path().join("bad");
+        std::fs::write(&bad, b"").unwrap();
+        nix::mount::mount(
+            Some("/proc/self/clear_refs"),
+            &bad,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .expect("bind mount (needs root)");
+        let progress = ferry_agent::ProgressSink::new();
+        let (du, source) = (upload("du-bad"), opened(src.path()));
+        let backup = mover.backup(&du, &source, progress, cancel.clone()).await;
+        let _ = nix::mount::umount2(&bad, nix::mount::MntFlags::MNT_DETACH);
+        let snapshot = backup.unwrap().snapshot_id;
+
+        let target = tempfile::tempdir().unwrap();
+        let progress = ferry_agent::ProgressSink::new();
+        let outcome = mover
+            .restore(&download(&snapshot), &opened(target.path()), progress, cancel)
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome.shortfall.as_deref(),
+            Some(
+                "1 entry was unreadable when backed up and is restored as recorded (its content \
+                 missing)"
+            )
+        );
+        assert!(outcome.warnings.is_empty(), "{:?}", outcome.warnings);
+        assert_eq!(std::fs::read(target.path().join("good")).unwrap(), b"fine");
     }
 
     /// A tenant's snapshot holding a device node and a set-user-ID file of root (made as root

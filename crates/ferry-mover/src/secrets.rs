@@ -4,7 +4,8 @@
 //! hex-encoded, created by the first node that needs it (create; on AlreadyExists read the
 //! winner's back, so racing nodes agree). Velero's [`VELERO_PASSWORD_SECRET`] is only read,
 //! never created: Velero's server writes a published default into it, and earlier Ferry
-//! versions keyed their repositories with it, so it is the fallback that opens those.
+//! versions keyed their repositories with it: it recognizes those, which are refused unless
+//! the agent adopts them (`BslRepositories::adopting_velero_keyed`).
 //! Password values are never logged.
 //!
 //! Ferry's secret may also name a KMS key ([`KMS_KEY_ID_KEY`], and [`KMS_ENDPOINT_KEY`]) that

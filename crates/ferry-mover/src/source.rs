@@ -158,6 +158,9 @@ pub struct BslRepositories {
     /// The key that last opened each repository (kept when it is closed): tried first, so
     /// opening again costs one key derivation however many keys the repository has.
     hints: std::sync::Mutex<HashMap<String, KeyId>>,
+    /// Whether a repository that only Velero's password opens gets a key for Ferry's (see
+    /// [`Self::adopting_velero_keyed`]).
+    adopt_velero_keyed: bool,
 }
 
 /// One repository's place in [`BslRepositories`]: empty until opened, and again once closed.
@@ -231,7 +234,20 @@ impl BslRepositories {
             idle_close: IDLE_CLOSE,
             open: std::sync::Mutex::default(),
             hints: std::sync::Mutex::default(),
+            adopt_velero_keyed: false,
         }
+    }
+
+    /// Adds a key for Ferry's own password to a repository that only the password of Velero's
+    /// `velero-repo-credentials` opens, as earlier versions of Ferry created them. Off by
+    /// default: anyone who can write to the bucket can put a repository keyed with Velero's
+    /// published default password where the next namespace's repository will be, and every
+    /// backup written into it would be readable with that password. Off, such a repository
+    /// is refused with a message that says how to adopt it.
+    #[must_use]
+    pub fn adopting_velero_keyed(mut self, adopt: bool) -> Self {
+        self.adopt_velero_keyed = adopt;
+        self
     }
 
     /// Closes repositories unused for `idle` instead of [`IDLE_CLOSE`].
@@ -418,6 +434,7 @@ impl BslRepositories {
                     return Err(envelope.error(step, &at.described, refusal_first(e)));
                 }
             };
+        refuse_weak(at, own)?;
         let old = repo.key_id();
         let warning = match repo.change_password(own, self.init.kdf, cancel).await {
             Ok(new) => {
@@ -477,8 +494,9 @@ impl BslRepositories {
     }
 
     /// Opens (or creates) the repository at `at` with Ferry's own password, else, for a
-    /// repository created with Velero's password, with that one (adding a key for Ferry's);
-    /// every open and the creation through `envelope`'s KMS, if any.
+    /// repository created with Velero's password, refuses it, or with
+    /// [`Self::adopting_velero_keyed`] opens it with that one (adding a key for Ferry's); every
+    /// open and the creation through `envelope`'s KMS, if any.
     async fn open_at(
         &self,
         at: &Located,
@@ -550,6 +568,27 @@ impl BslRepositories {
                 }
                 Err(e) => return Err(repo_error("opening the repository", refusal_first(e))),
             };
+        let which = if velero == VELERO_DEFAULT_PASSWORD {
+            "Velero's published default password (anyone who can read the bucket can decrypt \
+             it while that key remains)"
+        } else {
+            "the password of Velero's secret"
+        };
+        if !self.adopt_velero_keyed {
+            return Err(MoverError::Password {
+                location: at.described.clone(),
+                reason: format!(
+                    "it opens only with {which} from {ns}/{VELERO_PASSWORD_SECRET}: an earlier \
+                     Ferry created it so, or someone who can write to the bucket put it there. \
+                     Ferry adds its own key to such a repository only when its agents run with \
+                     --adopt-velero-keyed-repositories (chart: \
+                     agent.adoptVeleroKeyedRepositories=true); turn that on to take over the \
+                     repositories an earlier Ferry made, then off again",
+                    ns = self.namespace
+                ),
+            });
+        }
+        refuse_weak(at, &own)?;
         // Created by an earlier version with Velero's password: from now on Ferry's own opens
         // it too. The old key stays (something else may use it) until the operator removes it.
         let added = old
@@ -561,12 +600,6 @@ impl BslRepositories {
                 .await
                 .map_err(|e| repo_error("opening the repository with the key just added", e))?;
         self.hints().insert(at.described.clone(), repo.key_id());
-        let which = if velero == VELERO_DEFAULT_PASSWORD {
-            "Velero's published default password (anyone who can read the bucket can decrypt \
-             it while that key remains)"
-        } else {
-            "the password of Velero's secret"
-        };
         let warning = format!(
             "repository {} opened only with {which} from {}/{VELERO_PASSWORD_SECRET}; added \
              key {added} for Ferry's own {}/{PASSWORD_SECRET}, which opens it from now on. \
@@ -580,6 +613,21 @@ impl BslRepositories {
             old.key_id(),
         );
         Ok((repo, Some(warning)))
+    }
+}
+
+/// Refuses to give the repository at `at` a key for a weak `password` (see
+/// [`ferry_repo::weak_password_reason`]): a rotation or an adoption must not weaken it.
+fn refuse_weak(at: &Located, password: &[u8]) -> Result<(), MoverError> {
+    match ferry_repo::weak_password_reason(password) {
+        None => Ok(()),
+        Some(reason) => Err(MoverError::Password {
+            location: at.described.clone(),
+            reason: format!(
+                "the password in {PASSWORD_SECRET} is too weak to be given a key ({})",
+                reason.strip_prefix("refusing to create a repository with ").unwrap_or(&reason)
+            ),
+        }),
     }
 }
 

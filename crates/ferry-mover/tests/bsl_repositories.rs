@@ -74,17 +74,43 @@ async fn new_repositories_are_keyed_by_ferrys_own_secret_not_veleros_default() {
 }
 
 #[tokio::test]
-async fn a_repository_keyed_by_veleros_default_opens_and_gets_a_key_for_ferrys_password() {
+async fn a_repository_keyed_by_veleros_default_is_refused_unless_adoption_is_asked_for() {
     let world = World::new("mover-default").await;
     let cancel = CancellationToken::new();
     world.put_secret(VELERO_PASSWORD_SECRET, VELERO_DEFAULT).await;
-    // An earlier version's repository, keyed by Velero's secret.
+    // An earlier version's repository, keyed by Velero's secret (or one planted so).
     let store = world.store("velero/plugins/ferry/app").await;
     let (old, _) =
         Repository::init(Arc::clone(&store), VELERO_DEFAULT, &fast(), &cancel).await.expect("old");
     let old_key = old.key_id();
 
-    let opened = world.source().open(BSL, SOURCE_NS, &cancel).await.expect("still opens");
+    // By default it is refused, saying how to adopt it, and nothing is added to it.
+    let refused = world.source().open(BSL, SOURCE_NS, &cancel).await.expect_err("adopted");
+    let message = refused.to_string();
+    assert!(message.contains("published default password"), "{message}");
+    assert!(message.contains("--adopt-velero-keyed-repositories"), "{message}");
+    assert_eq!(old.key_files(&cancel).await.expect("keys").len(), 1, "no key was added");
+
+    // A weak password of Ferry's is never given a key, even when adopting.
+    let own = world.secret(PASSWORD_SECRET).await.expect("Ferry's secret");
+    let secrets: Api<Secret> = Api::namespaced(world.client.clone(), &world.namespace);
+    let set_own = |password: &[u8]| {
+        let patch = json!({ "stringData": { PASSWORD_KEY: String::from_utf8_lossy(password) } });
+        let secrets = secrets.clone();
+        async move {
+            let params = kube::api::PatchParams::default();
+            secrets.patch(PASSWORD_SECRET, &params, &kube::api::Patch::Merge(&patch)).await
+        }
+    };
+    set_own(b"short").await.expect("patch");
+    let weak = world.source().adopting_velero_keyed(true).open(BSL, SOURCE_NS, &cancel).await;
+    let weak = weak.expect_err("a weak password was given a key").to_string();
+    assert!(weak.contains("too weak") && weak.contains("at least 16"), "{weak}");
+    assert_eq!(old.key_files(&cancel).await.expect("keys").len(), 1, "no key was added");
+    set_own(&own).await.expect("patch");
+
+    let adopting = world.source().adopting_velero_keyed(true);
+    let opened = adopting.open(BSL, SOURCE_NS, &cancel).await.expect("opens when adopting");
     let warning = opened.warning.expect("a warning");
     assert!(warning.contains("published default"), "{warning}");
     assert!(
@@ -97,7 +123,8 @@ async fn a_repository_keyed_by_veleros_default_opens_and_gets_a_key_for_ferrys_p
     assert_eq!(keys.len(), 2, "the old key stays until the operator removes it");
     assert!(keys.iter().any(|k| k.id == old_key));
 
-    // Another agent (no cache) opens it with Ferry's password: no warning, no further key.
+    // Another agent (no cache, not adopting) opens it with Ferry's password: no warning, no
+    // further key.
     let again = world.source().open(BSL, SOURCE_NS, &cancel).await.expect("open again");
     assert!(again.warning.is_none(), "{:?}", again.warning);
     assert_eq!(repo.key_files(&cancel).await.expect("keys").len(), 2);
@@ -283,7 +310,18 @@ async fn a_password_rotation_rekeys_each_repository_as_it_is_opened() {
     Repository::open(Arc::clone(&two), old, &cancel).await.expect("two untouched so far");
     source.open(BSL, "two", &cancel).await.expect("open two after the rotation");
     assert_eq!(keys_of(Arc::clone(&two)).await, 1);
-    Repository::open(two, new, &cancel).await.expect("rotated too");
+    Repository::open(Arc::clone(&two), new, &cancel).await.expect("rotated too");
+
+    // A rotation to a weak password is refused; the repository keeps its key.
+    let weak = json!({ "stringData": {
+        PASSWORD_KEY: "short",
+        PREVIOUS_PASSWORD_KEY: String::from_utf8_lossy(new),
+    } });
+    secrets.patch(PASSWORD_SECRET, &params, &kube::api::Patch::Merge(&weak)).await.expect("patch");
+    let refused = world.source().open(BSL, "two", &cancel).await.expect_err("rotated to weak");
+    assert!(refused.to_string().contains("too weak"), "{refused}");
+    assert_eq!(keys_of(Arc::clone(&two)).await, 1);
+    Repository::open(two, new, &cancel).await.expect("still the second password's");
 }
 
 /// A location asking for SSE-KMS (`config.kmsKeyId`, as Velero's AWS plugin reads it): every

@@ -116,6 +116,20 @@ impl ThreadBudget {
     }
 }
 
+impl ThreadBudget {
+    /// Most data movements that fit at once in the memory share, each with its
+    /// [`MEMORY_BASE`] and one worker's buffers (`None`: no memory limit). At least 1: one
+    /// movement always runs, under any limit.
+    #[must_use]
+    pub fn max_jobs(&self) -> Option<usize> {
+        let limit = self.memory_limit.as_ref()?;
+        let each = MEMORY_BASE + MEMORY_PER_THREAD;
+        Some(
+            usize::try_from(limit.bytes / MEMORY_SHARE_DIVISOR / each).unwrap_or(usize::MAX).max(1),
+        )
+    }
+}
+
 impl fmt::Display for ThreadBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let by_cpu = self.cpus.saturating_add(1);
@@ -279,6 +293,10 @@ mod tests {
         assert_eq!(budget.per_job(3), 5, "(1024 - 3 x 160) / 32 = 17, 5 each");
         assert_eq!(budget.per_job(4), 3, "(1024 - 4 x 160) / 32 = 12, 3 each");
         assert_eq!(budget.per_job(100), 1, "never none");
+        assert_eq!(budget.max_jobs(), Some(5), "1024 / (160 + 32) = 5 movements at once");
+        assert_eq!(ThreadBudget::plan(8, None).max_jobs(), None, "no limit");
+        let tiny = ThreadBudget::plan(8, Some(MemoryLimit { bytes: 64 << 20, file: "m".into() }));
+        assert_eq!(tiny.max_jobs(), Some(1), "one always runs");
         assert_eq!(ThreadBudget::plan(8, None).per_job(4), 9, "no limit: the CPUs");
         let small = ThreadBudget::plan(96, limit(GIB));
         assert_eq!(small.per_job(1), small.threads, "memory-bound plan: (512 - 160) / 32 = 11");

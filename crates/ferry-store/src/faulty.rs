@@ -240,7 +240,11 @@ mod tests {
         assert!(store.put_if_absent(&key("a"), "1".into(), &cancel).await.is_ok());
         let second = store.put_if_absent(&key("b"), "2".into(), &cancel).await;
         assert!(matches!(second, Err(ref e) if e.is_retryable()), "{second:?}");
-        assert!(store.inner().head(&key("b"), &cancel).await.ok().flatten().is_none());
+        assert_eq!(
+            store.inner().head(&key("b"), &cancel).await.unwrap_or_else(|e| panic!("head: {e}")),
+            None,
+            "the failed put wrote nothing"
+        );
         assert!(store.put_if_absent(&key("b"), "2".into(), &cancel).await.is_ok());
         assert_eq!((store.calls(), store.injected_failures()), (3, 1));
     }

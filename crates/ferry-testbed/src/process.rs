@@ -8,7 +8,7 @@
 #![allow(unsafe_code)] // `pre_exec` is unsafe by signature; the hook only calls async-signal-safe prctl/getppid.
 
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 
@@ -55,6 +55,12 @@ impl Guarded {
     /// Whether the child is still running.
     pub fn is_running(&mut self) -> bool {
         self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// How the child ended, once it has (reaping it); `None` while it runs, after
+    /// [`Self::stop`], or if it could not be waited for.
+    pub fn exit_status(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Kills and reaps the child now.

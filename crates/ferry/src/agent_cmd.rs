@@ -123,6 +123,14 @@ pub struct AgentArgs {
     /// backups. Nothing is kept with `--changed-blocks off`.
     #[arg(long, env = "FERRY_KEEP_BASE_SNAPSHOT")]
     pub keep_base_snapshot: bool,
+    /// Give a repository that only the password of Velero's `velero-repo-credentials` opens
+    /// (as earlier versions of Ferry created them) a key for Ferry's own password. Off, such a
+    /// repository is refused: anyone who can write to the bucket could put one keyed with
+    /// Velero's published default password where a namespace's repository will be, and read
+    /// every backup written into it. Turn it on to take over an earlier Ferry's repositories,
+    /// then off again.
+    #[arg(long, env = "FERRY_ADOPT_VELERO_KEYED_REPOSITORIES")]
+    pub adopt_velero_keyed_repositories: bool,
 }
 
 /// Whether block backups use changed-block tracking (see [`AgentArgs::changed_blocks`]).
@@ -248,6 +256,7 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
                     args.namespace.clone(),
                     InitOptions::default(),
                 )
+                .adopting_velero_keyed(args.adopt_velero_keyed_repositories)
                 .with_cache(cache),
             );
             // Idle repositories give their memory back even when no CR comes.
@@ -284,6 +293,17 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
             "ferry agent: configuration from ConfigMap {name}: concurrency {concurrency}, \
              prepare queue {queue}"
         );
+    }
+    // More movements at once than the pod's memory holds would have it killed mid-transfer:
+    // at most what fits, saying so.
+    let budget = ferry_repo::thread_budget::default_threads();
+    if let Some(fits) = budget.max_jobs().filter(|&fits| fits < concurrency) {
+        tracing::warn!(asked = concurrency, fits, threads = %budget, "concurrency lowered to what the pod's memory limit holds");
+        eprintln!(
+            "ferry agent: concurrency {concurrency} lowered to {fits}: the pod's memory limit \
+             holds {fits} data movements at once ({budget}); raise the limit for more"
+        );
+        concurrency = fits;
     }
     let mut mover = RepoMover::new(Arc::clone(&repos))
         .with_fidelity(args.restore_fidelity.fidelity())
@@ -328,11 +348,14 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     // Backup deletion without Ferry's plugin: Completed DataUploads are held by a finalizer
     // until Velero has deleted their backup (its files gone from the location, which this
     // reads) and the snapshot is forgotten.
-    let locations = Arc::new(BslRepositories::new(
-        client_for_deletions.clone(),
-        args.namespace.clone(),
-        InitOptions::default(),
-    ));
+    let locations = Arc::new(
+        BslRepositories::new(
+            client_for_deletions.clone(),
+            args.namespace.clone(),
+            InitOptions::default(),
+        )
+        .adopting_velero_keyed(args.adopt_velero_keyed_repositories),
+    );
     let reclaimer = ferry_mover::upload_finalizer::Reclaimer {
         client: client_for_deletions,
         namespace: args.namespace.clone(),
@@ -363,7 +386,6 @@ pub async fn run(args: &AgentArgs, cancel: &CancellationToken) -> anyhow::Result
     tracing::info!(node = %args.node_name, "agent running");
     // Per data movement; the limit is the pod's (read again by each movement), shared by the
     // movements that run at once.
-    let budget = ferry_repo::thread_budget::default_threads();
     tracing::info!(
         threads = %budget,
         concurrency,

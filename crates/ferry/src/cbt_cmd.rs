@@ -28,6 +28,46 @@ pub enum CbtCommand {
         #[arg(long, value_name = "HANDLE")]
         base_handle: Option<String>,
     },
+    /// Base snapshots kept for the next delta (the agent's `--keep-base-snapshot`, a PVC's
+    /// `ferry.io/keep-base-snapshot`): list them, or release them.
+    Bases {
+        #[command(subcommand)]
+        command: BasesCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BasesCommand {
+    /// The kept base snapshots (and the pending ones, of backups that run), with their source
+    /// PVC, the DataUpload that kept them and the physical snapshot's handle.
+    List {
+        /// Only those of PVCs in this namespace.
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release base snapshots: each is set back to `Delete`, then deleted, so the driver's
+    /// snapshotter deletes the physical snapshot (a content that stays `Terminating` means it
+    /// could not; its events say why). The next backup of the PVC reads the allocated ranges
+    /// instead of a delta; a pending one's backup, still running, keeps nothing. Agents release
+    /// bases themselves; this is for bases left by an uninstalled Ferry, or storage wanted back.
+    Release {
+        /// VolumeSnapshotContent names (as `list` shows them).
+        #[arg(
+            value_name = "CONTENT",
+            required_unless_present_any = ["namespace", "all"],
+            conflicts_with_all = ["namespace", "all"]
+        )]
+        contents: Vec<String>,
+        /// Every base of PVCs in this namespace.
+        #[arg(short, long, conflicts_with = "all")]
+        namespace: Option<String>,
+        /// Every base in the cluster.
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -61,6 +101,7 @@ pub struct CbtArgs {
 pub async fn run(command: &CbtCommand, cancel: &CancellationToken) -> anyhow::Result<()> {
     let client = crate::pvc::connect().await?;
     let (args, base) = match command {
+        CbtCommand::Bases { command } => return bases(&client, command).await,
         CbtCommand::Allocated(args) => (args, None),
         CbtCommand::Delta { args, base, base_handle } => {
             let handle = match (base, base_handle) {
@@ -173,4 +214,92 @@ fn print(args: &CbtArgs, driver: &str, query: &Query, map: &BlockMap) -> anyhow:
         );
     }
     Ok(())
+}
+
+async fn bases(client: &kube::Client, command: &BasesCommand) -> anyhow::Result<()> {
+    match command {
+        BasesCommand::List { namespace, json } => {
+            let bases = ferry_expose::kept_bases(client, namespace.as_deref()).await?;
+            if *json {
+                let list: Vec<_> = bases.iter().map(base_json).collect();
+                println!("{}", serde_json::to_string_pretty(&serde_json::json!({"bases": list}))?);
+            } else if bases.is_empty() {
+                println!("no kept base snapshots{}", of_namespace(namespace.as_deref()));
+            } else {
+                for base in &bases {
+                    println!("{}", base_line(base));
+                }
+            }
+            Ok(())
+        }
+        BasesCommand::Release { contents, namespace, all } => {
+            let bases = ferry_expose::kept_bases(client, namespace.as_deref()).await?;
+            let names: Vec<String> = if contents.is_empty() {
+                debug_assert!(*all || namespace.is_some(), "clap requires one");
+                if bases.is_empty() {
+                    println!("no kept base snapshots{}", of_namespace(namespace.as_deref()));
+                }
+                bases.into_iter().map(|b| b.content).collect()
+            } else {
+                // Every name checked before any is released: a typo releases nothing.
+                let not_bases: Vec<&str> = contents
+                    .iter()
+                    .filter(|name| !bases.iter().any(|b| &b.content == *name))
+                    .map(String::as_str)
+                    .collect();
+                if !not_bases.is_empty() {
+                    anyhow::bail!(
+                        "not a kept base snapshot (no VolumeSnapshotContent labelled {}): {}; \
+                         nothing released",
+                        ferry_expose::KEPT_BASE_LABEL,
+                        not_bases.join(", ")
+                    );
+                }
+                contents.clone()
+            };
+            for name in &names {
+                // One gone meanwhile was released by its agent.
+                if ferry_expose::release_kept_base(client, name).await? {
+                    println!("released {name}");
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn of_namespace(namespace: Option<&str>) -> String {
+    namespace.map(|ns| format!(" of PVCs in {ns}")).unwrap_or_default()
+}
+
+fn base_json(base: &ferry_expose::KeptBase) -> serde_json::Value {
+    serde_json::json!({
+        "content": base.content,
+        "state": if base.completed { "kept" } else { "pending" },
+        "source": base.source,
+        "dataUpload": base.data_upload,
+        "completedAt": base.completed_at,
+        "driver": base.driver,
+        "snapshotHandle": base.snapshot_handle,
+        "releasing": base.releasing,
+    })
+}
+
+fn base_line(base: &ferry_expose::KeptBase) -> String {
+    let state = match (base.completed, base.releasing) {
+        (_, true) => "releasing",
+        (true, false) => "kept",
+        (false, false) => "pending",
+    };
+    let when = base
+        .completed_at
+        .and_then(|s| jiff::Timestamp::from_second(s).ok())
+        .map(|t| format!(", completed {t}"))
+        .unwrap_or_default();
+    let handle =
+        if base.snapshot_handle.is_empty() { "(no handle yet)" } else { &base.snapshot_handle };
+    format!(
+        "{} {state}: {} by {}{when}; {} {handle}",
+        base.content, base.source, base.data_upload, base.driver
+    )
 }

@@ -325,6 +325,11 @@ pub async fn restore(args: &RestoreArgs, cancel: &CancellationToken) -> anyhow::
         summary.duration.as_secs_f64(),
         args.target.display()
     );
+    // Last, where it is seen: what did not come back as it was. The restore wrote all the
+    // snapshot holds, so the exit status stays 0 (as a backup's with unreadable entries).
+    if let Some(note) = summary.shortfall(0) {
+        eprintln!("restore: warning: {note}");
+    }
     Ok(())
 }
 

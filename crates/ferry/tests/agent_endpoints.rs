@@ -62,9 +62,13 @@ async fn agent_serves_health_readiness_and_metrics() -> Result<(), Box<dyn std::
     let term = Command::new("kill").args(["-TERM", &pid]).status()?;
     assert!(term.success());
     let start = Instant::now();
-    while agent.is_running() && start.elapsed() < Duration::from_secs(20) {
+    let status = loop {
+        if let Some(status) = agent.exit_status() {
+            break status;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "the agent ignored SIGTERM for 20 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(!agent.is_running(), "the agent ignored SIGTERM");
+    };
+    assert!(status.success(), "the agent stopped on SIGTERM with {status}, not status 0");
     Ok(())
 }

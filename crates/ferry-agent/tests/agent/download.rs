@@ -43,6 +43,12 @@ async fn downloads_complete_with_progress_on_the_volumes_node() {
         }
     }
     for history in &histories {
+        // The watch may lag behind the reads above: check once it saw the final version.
+        let versions = history.wait_until_seen("Completed").await;
+        assert!(
+            versions.iter().filter(|(phase, _)| phase == "Completed").all(|(_, d)| *d == 4 << 20),
+            "Completed without all bytes done: {versions:?}"
+        );
         history.assert_monotonic();
     }
     cluster.shutdown().await;

@@ -14,6 +14,17 @@ fn slow() -> Behaviour {
     Behaviour { chunks: 30, chunk_delay: Duration::from_millis(150), ..Behaviour::default() }
 }
 
+/// Waits until the watch saw Completed, then asserts it saw every byte done there and
+/// `bytesDone` never went backwards on the way (across the restart or takeover).
+async fn assert_completed_monotonic(history: &History, total: i64) {
+    let versions = history.wait_until_seen("Completed").await;
+    assert!(
+        versions.iter().filter(|(phase, _)| phase == "Completed").all(|(_, done)| *done == total),
+        "Completed without all {total} bytes done: {versions:?}"
+    );
+    history.assert_monotonic();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_restarted_mid_upload_resumes_and_completes() {
     let sim = Sim::new(Placement::Accepting, slow());
@@ -50,7 +61,7 @@ async fn an_agent_restarted_mid_upload_resumes_and_completes() {
     // The volume was still there: resumed without exposing again.
     assert_eq!(sim.count(|c| matches!(c, Call::Expose { cr, .. } if *cr == name)), 1);
     assert!(cluster.event_reasons_after(&name, "Resumed").await.iter().any(|r| r == "Resumed"));
-    history.assert_monotonic();
+    assert_completed_monotonic(&history, status.progress.total_bytes).await;
     cluster.shutdown().await;
 }
 
@@ -89,7 +100,7 @@ async fn an_upload_of_a_dead_agent_is_taken_over_and_completes() {
         .collect();
     assert_eq!(moves, ["node-a", "node-b"]);
     assert!(cluster.event_reasons_after(&name, "TakenOver").await.iter().any(|r| r == "TakenOver"));
-    history.assert_monotonic();
+    assert_completed_monotonic(&history, status.progress.total_bytes).await;
     cluster.shutdown().await;
 }
 

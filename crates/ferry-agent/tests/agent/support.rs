@@ -313,9 +313,13 @@ where
     api.delete(name, &DeleteParams::default()).await.expect("delete");
 }
 
-/// Every version of one CR the watch delivered, as (phase, bytesDone).
+/// Every version of one CR the watch delivered, as (phase, bytesDone). A watch error is not
+/// a version: it is kept only to be shown when a check fails (the watch lists again after
+/// one, so the versions in between may be missing, never reordered).
 pub struct History {
+    name: String,
     seen: Arc<Mutex<Vec<(String, i64)>>>,
+    errors: Arc<Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -325,29 +329,67 @@ impl History {
         K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let errors = Arc::new(Mutex::new(Vec::new()));
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let stream = watcher(api.clone(), config);
-        let sink = Arc::clone(&seen);
+        let (sink, error_sink) = (Arc::clone(&seen), Arc::clone(&errors));
         let task = tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
             while let Some(event) = stream.next().await {
-                if let Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) = event {
-                    sink.lock().expect("lock").push(read(&obj));
+                match event {
+                    Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
+                        sink.lock().expect("lock").push(read(&obj));
+                    }
+                    Ok(_) => {}
+                    Err(e) => error_sink.lock().expect("lock").push(e.to_string()),
                 }
             }
         });
-        Self { seen, task }
+        Self { name: name.to_owned(), seen, errors, task }
     }
 
     pub fn values(&self) -> Vec<(String, i64)> {
         self.seen.lock().expect("lock").clone()
     }
 
-    /// Asserts `bytesDone` never decreased across the recorded versions.
+    fn errors(&self) -> Vec<String> {
+        self.errors.lock().expect("lock").clone()
+    }
+
+    /// Every version recorded so far, once one in `phase` is among them, waiting up to
+    /// [`WAIT`]: the watch may lag behind a read that already saw that phase.
+    pub async fn wait_until_seen(&self, phase: &str) -> Vec<(String, i64)> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let values = self.values();
+            if values.iter().any(|(p, _)| p == phase) {
+                return values;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the watch of {} saw no {phase} in {WAIT:?}: {values:?}; watch errors: {:?}",
+                self.name,
+                self.errors()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Asserts `bytesDone` never decreased across the recorded versions, of which there must
+    /// be at least two (with fewer there is nothing to compare). Call it once the watch has
+    /// seen the final version ([`Self::wait_until_seen`]), or the check may end early.
     pub fn assert_monotonic(&self) {
         let values = self.values();
+        assert!(
+            values.len() >= 2,
+            "the watch of {} recorded {} version(s), too few to tell whether bytesDone went \
+             backwards: {values:?}; watch errors: {:?}",
+            self.name,
+            values.len(),
+            self.errors()
+        );
         for pair in values.windows(2) {
-            assert!(pair[1].1 >= pair[0].1, "bytesDone went backwards: {values:?}");
+            assert!(pair[1].1 >= pair[0].1, "{}: bytesDone went backwards: {values:?}", self.name);
         }
     }
 }

@@ -4,10 +4,13 @@
 //! Names reaching these functions are single components checked by [`validate_name`]; every
 //! open uses `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`
 //! (falling back to `openat` with `O_NOFOLLOW` on kernels without it), so nothing a previous
-//! restore or another process left in the target can redirect a write outside it.
+//! restore or another process left in the target can redirect a write outside it. An entry in
+//! the way of a restored one is removed, but never across a mount point (see [`remove_any`]).
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::{fmt, io};
 
 use nix::errno::Errno;
@@ -16,7 +19,8 @@ use nix::sys::stat::{FchmodatFlags, Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 use nix::unistd::{Gid, Uid, UnlinkatFlags};
 
-use super::Shared;
+use super::{MAX_DEPTH, Shared};
+use crate::error::RepoError;
 use crate::format::{Metadata, Timestamp, validate_name};
 use crate::sys;
 
@@ -58,51 +62,245 @@ fn existing_type(dir: &OwnedFd, name: &[u8]) -> io::Result<Option<u32>> {
     }
 }
 
-/// Removes whatever is at `name` (a whole directory tree included), never following links.
-pub(crate) fn remove_any(dir: &OwnedFd, name: &[u8]) -> io::Result<()> {
-    match existing_type(dir, name)? {
-        None => Ok(()),
-        Some(libc::S_IFDIR) => {
-            let sub = open_dir(dir, name)?;
-            let mut names = Vec::new();
-            let mut d = nix::dir::Dir::from_fd(sub.try_clone()?).map_err(err)?;
-            for entry in d.iter() {
-                let entry = entry.map_err(err)?;
-                let n = entry.file_name().to_bytes();
-                if n != b"." && n != b".." {
-                    names.push(n.to_vec());
-                }
+/// Why an existing entry in the way of a restored one was not removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// It is (or holds) a mount point: removing it would delete another file system's files.
+    MountPoint,
+    /// Its directories nest deeper than [`MAX_DEPTH`] (one open descriptor per level).
+    TooDeep,
+}
+
+/// A failure to create an entry where something else may have been in the way.
+#[derive(Debug)]
+pub(crate) enum ReplaceError {
+    Io(io::Error),
+    /// What was in the way was not removed (nor anything in `at` and below).
+    Refused {
+        /// Where, relative to the entry being replaced (empty: the entry itself).
+        at: PathBuf,
+        reason: Refusal,
+    },
+}
+
+impl From<io::Error> for ReplaceError {
+    fn from(e: io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
+impl From<Errno> for ReplaceError {
+    fn from(e: Errno) -> Self {
+        Self::Io(err(e))
+    }
+}
+
+impl ReplaceError {
+    /// The repository error for `operation` on the entry at `path`: a refusal is an
+    /// [`RepoError::UnsafeEntry`] naming what was not replaced.
+    pub(crate) fn into_repo(self, operation: &'static str, path: &Path) -> RepoError {
+        match self {
+            Self::Io(e) => RepoError::io(operation, path, e),
+            Self::Refused { at, reason } => {
+                let what = if at.as_os_str().is_empty() {
+                    "it".to_owned()
+                } else {
+                    path.join(at).display().to_string()
+                };
+                let reason = match reason {
+                    Refusal::MountPoint => {
+                        format!(
+                            "{what} is a mount point (another file system, or a bind mount); \
+                             not replaced"
+                        )
+                    }
+                    Refusal::TooDeep => {
+                        format!("{what} nests directories deeper than {MAX_DEPTH}; not replaced")
+                    }
+                };
+                RepoError::UnsafeEntry { path: path.to_path_buf(), reason }
             }
-            for n in names {
-                remove_any(&sub, &n)?;
-            }
-            nix::unistd::unlinkat(dir.as_fd(), name, UnlinkatFlags::RemoveDir).map_err(err)
-        }
-        Some(_) => {
-            nix::unistd::unlinkat(dir.as_fd(), name, UnlinkatFlags::NoRemoveDir).map_err(err)
         }
     }
 }
 
-/// Runs `create`; if something already exists at `name`, removes it (never following it) and
-/// tries once more. Creating first keeps the common case (a fresh target) to one system call.
+/// One step of removing an entry in the way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Removal {
+    /// Not a directory: unlink it.
+    Unlink,
+    /// A directory: remove what it holds, then it.
+    Empty,
+    /// A directory at the depth limit: remove it only if it is empty.
+    RmdirOnly,
+    Refuse(Refusal),
+}
+
+/// How to remove an entry of type `file_type` (`S_IFMT` bits) on device `dev`, `depth`
+/// directories below the entry being replaced (0: that entry), whose parent directory is on
+/// `fs_dev`: nothing on another file system is removed (or entered), and at most [`MAX_DEPTH`]
+/// directories are open at once.
+pub(crate) fn removal(
+    fs_dev: libc::dev_t,
+    dev: libc::dev_t,
+    file_type: u32,
+    depth: usize,
+) -> Removal {
+    if dev != fs_dev {
+        Removal::Refuse(Refusal::MountPoint)
+    } else if file_type != libc::S_IFDIR {
+        Removal::Unlink
+    } else if depth >= MAX_DEPTH {
+        Removal::RmdirOnly
+    } else {
+        Removal::Empty
+    }
+}
+
+/// A directory being emptied by [`remove_any`].
+struct Emptying {
+    fd: OwnedFd,
+    name: Vec<u8>,
+    /// Its entries not removed yet.
+    left: Vec<Vec<u8>>,
+}
+
+/// Where `name` is, relative to the entry being removed (`stack[0]`; empty: that entry).
+fn relative(stack: &[Emptying], name: &[u8]) -> PathBuf {
+    if stack.is_empty() {
+        return PathBuf::new();
+    }
+    let mut at: PathBuf =
+        stack.iter().skip(1).map(|level| std::ffi::OsStr::from_bytes(&level.name)).collect();
+    at.push(std::ffi::OsStr::from_bytes(name));
+    at
+}
+
+/// Opens the directory `name` under `dir` for removing what it holds: never across a mount
+/// (`RESOLVE_NO_XDEV` refuses bind mounts of the same file system too; without `openat2`,
+/// the device is checked after opening).
+fn open_dir_to_empty(dir: &OwnedFd, name: &[u8], fs_dev: libc::dev_t) -> io::Result<OwnedFd> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let how = OpenHow::new().flags(flags).resolve(
+        ResolveFlag::RESOLVE_BENEATH
+            | ResolveFlag::RESOLVE_NO_SYMLINKS
+            | ResolveFlag::RESOLVE_NO_MAGICLINKS
+            | ResolveFlag::RESOLVE_NO_XDEV,
+    );
+    let fd = match nix::fcntl::openat2(dir.as_fd(), name, how) {
+        Err(Errno::ENOSYS) => nix::fcntl::openat(dir.as_fd(), name, flags, Mode::empty()),
+        other => other,
+    }
+    .map_err(err)?;
+    if nix::sys::stat::fstat(&fd).map_err(err)?.st_dev == fs_dev {
+        Ok(fd)
+    } else {
+        Err(err(Errno::EXDEV))
+    }
+}
+
+/// Removes whatever is at `name` (a whole directory tree included), never following links and
+/// never crossing into another file system: a mount point found on the way (another file
+/// system, or a bind mount) stops the removal before anything in it is touched, as does a tree
+/// nested deeper than [`MAX_DEPTH`]. What was removed before either is gone (the entry was
+/// being replaced). Iterative: one open descriptor per level, no recursion.
+pub(crate) fn remove_any(dir: &OwnedFd, name: &[u8]) -> Result<(), ReplaceError> {
+    let fs_dev = nix::sys::stat::fstat(dir)?.st_dev;
+    let mut stack: Vec<Emptying> = Vec::new();
+    let mut next = Some(name.to_vec());
+    loop {
+        let name = match next.take() {
+            Some(n) => n,
+            None => {
+                let Some(level) = stack.last_mut() else { return Ok(()) };
+                if let Some(n) = level.left.pop() {
+                    n
+                } else {
+                    // Emptied: remove it from its parent.
+                    if let Some(done) = stack.pop() {
+                        let parent = stack.last().map_or(dir, |l| &l.fd);
+                        drop(done.fd);
+                        nix::unistd::unlinkat(
+                            parent.as_fd(),
+                            &*done.name,
+                            UnlinkatFlags::RemoveDir,
+                        )?;
+                    }
+                    continue;
+                }
+            }
+        };
+        let parent = stack.last().map_or(dir, |l| &l.fd);
+        let st = match nix::sys::stat::fstatat(parent.as_fd(), &*name, AtFlags::AT_SYMLINK_NOFOLLOW)
+        {
+            Ok(st) => st,
+            Err(Errno::ENOENT) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let refused = |reason| ReplaceError::Refused { at: relative(&stack, &name), reason };
+        match removal(fs_dev, st.st_dev, st.st_mode & libc::S_IFMT, stack.len()) {
+            Removal::Refuse(reason) => return Err(refused(reason)),
+            Removal::Unlink => {
+                match nix::unistd::unlinkat(parent.as_fd(), &*name, UnlinkatFlags::NoRemoveDir) {
+                    Ok(()) => {}
+                    // A file bind-mounted from this file system.
+                    Err(Errno::EBUSY) => return Err(refused(Refusal::MountPoint)),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Removal::RmdirOnly => {
+                match nix::unistd::unlinkat(parent.as_fd(), &*name, UnlinkatFlags::RemoveDir) {
+                    Ok(()) => {}
+                    Err(Errno::ENOTEMPTY | Errno::EEXIST) => {
+                        return Err(refused(Refusal::TooDeep));
+                    }
+                    // A mount point (a bind mount of this file system) is busy.
+                    Err(Errno::EBUSY) => return Err(refused(Refusal::MountPoint)),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Removal::Empty => {
+                let fd = match open_dir_to_empty(parent, &name, fs_dev) {
+                    Ok(fd) => fd,
+                    Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                        return Err(refused(Refusal::MountPoint));
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                let mut left = Vec::new();
+                let mut d = nix::dir::Dir::from_fd(fd.try_clone()?)?;
+                for entry in d.iter() {
+                    let n = entry?.file_name().to_bytes().to_vec();
+                    if n != b"." && n != b".." {
+                        left.push(n);
+                    }
+                }
+                stack.push(Emptying { fd, name, left });
+            }
+        }
+    }
+}
+
+/// Runs `create`; if something already exists at `name`, removes it (never following it, never
+/// across a mount: see [`remove_any`]) and tries once more. Creating first keeps the common
+/// case (a fresh target) to one system call.
 fn create_replacing<T>(
     dir: &OwnedFd,
     name: &[u8],
     mut create: impl FnMut() -> io::Result<T>,
-) -> io::Result<T> {
+) -> Result<T, ReplaceError> {
     match create() {
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
             remove_any(dir, name)?;
-            create()
+            Ok(create()?)
         }
-        other => other,
+        other => Ok(other?),
     }
 }
 
 /// Makes `name` a directory we can write into: an existing directory is kept, anything else
 /// (a symlink planted by an earlier restore included) is replaced.
-pub(crate) fn ensure_dir(dir: &OwnedFd, name: &[u8]) -> io::Result<OwnedFd> {
+pub(crate) fn ensure_dir(dir: &OwnedFd, name: &[u8]) -> Result<OwnedFd, ReplaceError> {
     let mode = Mode::from_bits_truncate(0o700);
     let mut kept = false;
     match nix::sys::stat::mkdirat(dir.as_fd(), name, mode) {
@@ -112,10 +310,10 @@ pub(crate) fn ensure_dir(dir: &OwnedFd, name: &[u8]) -> io::Result<OwnedFd> {
                 kept = true;
             } else {
                 remove_any(dir, name)?;
-                nix::sys::stat::mkdirat(dir.as_fd(), name, mode).map_err(err)?;
+                nix::sys::stat::mkdirat(dir.as_fd(), name, mode)?;
             }
         }
-        Err(e) => return Err(err(e)),
+        Err(e) => return Err(e.into()),
     }
     let fd = open_dir(dir, name)?;
     if kept {
@@ -140,7 +338,7 @@ pub(crate) fn create_file(
     dir: &OwnedFd,
     name: &[u8],
     meta: &Metadata,
-) -> io::Result<std::fs::File> {
+) -> Result<std::fs::File, ReplaceError> {
     let fd = create_replacing(dir, name, || {
         open_beneath(
             dir,
@@ -171,7 +369,12 @@ pub(crate) fn created_mode(meta: &Metadata) -> u32 {
 }
 
 /// Creates a special node (fifo, device, socket) at `name`, replacing whatever was there.
-pub(crate) fn create_node(dir: &OwnedFd, name: &[u8], kind: SFlag, rdev: u64) -> io::Result<()> {
+pub(crate) fn create_node(
+    dir: &OwnedFd,
+    name: &[u8],
+    kind: SFlag,
+    rdev: u64,
+) -> Result<(), ReplaceError> {
     create_replacing(dir, name, || {
         nix::sys::stat::mknodat(dir.as_fd(), name, kind, Mode::from_bits_truncate(0o600), rdev)
             .map_err(err)
@@ -180,7 +383,11 @@ pub(crate) fn create_node(dir: &OwnedFd, name: &[u8], kind: SFlag, rdev: u64) ->
 
 /// Creates a symbolic link at `name`, replacing whatever was there. The target text is stored,
 /// never resolved.
-pub(crate) fn create_symlink(dir: &OwnedFd, name: &[u8], target: &[u8]) -> io::Result<()> {
+pub(crate) fn create_symlink(
+    dir: &OwnedFd,
+    name: &[u8],
+    target: &[u8],
+) -> Result<(), ReplaceError> {
     create_replacing(dir, name, || nix::unistd::symlinkat(target, dir.as_fd(), name).map_err(err))
 }
 
@@ -190,7 +397,7 @@ pub(crate) fn hard_link(
     first: &[u8],
     dir: &OwnedFd,
     name: &[u8],
-) -> io::Result<()> {
+) -> Result<(), ReplaceError> {
     create_replacing(dir, name, || {
         nix::unistd::linkat(first_dir.as_fd(), first, dir.as_fd(), name, AtFlags::empty())
             .map_err(err)

@@ -84,12 +84,53 @@ pub struct RestoreSummary {
     pub bytes: u64,
     /// Entries the snapshot recorded as unreadable at backup time (restored empty).
     pub entries_with_backup_errors: u64,
-    /// Metadata the target could not take (e.g. xattrs unsupported), at most 100.
+    /// Metadata the target could not take (e.g. xattrs unsupported), the first 100.
     pub warnings: Vec<String>,
+    /// How many such warnings there were in all (more than `warnings` holds past 100).
+    pub warnings_total: u64,
     /// What the restore's [`Fidelity`] left out.
     pub withheld: Withheld,
     /// Wall time.
     pub duration: Duration,
+}
+
+impl RestoreSummary {
+    /// What the user should read when the restore could not bring everything back as it was:
+    /// how many entries the backup could not read (restored as the snapshot recorded them,
+    /// their content missing) and how many warnings there were, with the first `shown` of
+    /// them. `None` when there was neither.
+    #[must_use]
+    pub fn shortfall(&self, shown: usize) -> Option<String> {
+        let mut parts = Vec::new();
+        match self.entries_with_backup_errors {
+            0 => {}
+            1 => parts.push(
+                "1 entry was unreadable when backed up and is restored as recorded (its content \
+                 missing)"
+                    .to_owned(),
+            ),
+            n => parts.push(format!(
+                "{n} entries were unreadable when backed up and are restored as recorded (their \
+                 content missing)"
+            )),
+        }
+        let total = self.warnings_total.max(self.warnings.len() as u64);
+        if total > 0 {
+            let noun = if total == 1 { "warning" } else { "warnings" };
+            let listed: Vec<&str> = self.warnings.iter().take(shown).map(String::as_str).collect();
+            let mut part = format!("{total} {noun}");
+            if !listed.is_empty() {
+                part.push_str(": ");
+                part.push_str(&listed.join("; "));
+                let more = total - listed.len() as u64;
+                if more > 0 {
+                    part.push_str(&format!("; and {more} more"));
+                }
+            }
+            parts.push(part);
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
 }
 
 pub(crate) struct Shared {
@@ -106,6 +147,7 @@ pub(crate) struct Shared {
     /// Frames fetched by one batch for the others too.
     pub(crate) frames: frames::SharedFrames,
     warnings: Mutex<Vec<String>>,
+    warnings_total: std::sync::atomic::AtomicU64,
     failure: Mutex<Option<RepoError>>,
 }
 
@@ -139,6 +181,7 @@ impl Shared {
         for m in &w.0 {
             tracing::warn!(warning = %m, "restore");
         }
+        self.warnings_total.fetch_add(w.0.len() as u64, Ordering::Relaxed);
         if let Ok(mut all) = self.warnings.lock() {
             let room = MAX_WARNINGS.saturating_sub(all.len());
             all.extend(w.0.into_iter().take(room));
@@ -254,6 +297,7 @@ async fn restore_leased(
         batch_items: batch_items_for_tests().unwrap_or_else(|| batch_items(fd_limit, threads)),
         frames: frames::SharedFrames::default(),
         warnings: Mutex::new(Vec::new()),
+        warnings_total: std::sync::atomic::AtomicU64::new(0),
         failure: Mutex::new(None),
     });
     let (bytes_total, files_total) = match (&options.subtree, &root.body) {
@@ -293,6 +337,7 @@ async fn restore_leased(
         bytes: shared.progress.bytes_done.load(Ordering::Relaxed),
         entries_with_backup_errors: counts.errors,
         warnings: shared.warnings.lock().map(|w| w.clone()).unwrap_or_default(),
+        warnings_total: shared.warnings_total.load(Ordering::Relaxed),
         withheld: shared.policy.withheld(),
         duration: started.elapsed(),
     })

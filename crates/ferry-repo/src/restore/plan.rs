@@ -148,6 +148,11 @@ impl Planner<'_> {
             let p = path.clone();
             move |e| RepoError::io(op, p, e)
         };
+        // Creating what may replace an existing entry: a refusal names what was in the way.
+        let replacing = |op: &'static str| {
+            let p = path.clone();
+            move |e: fsops::ReplaceError| e.into_repo(op, &p)
+        };
         if node.error.is_some() {
             self.counts.errors += 1;
         }
@@ -171,7 +176,7 @@ impl Planner<'_> {
                     let first_dir =
                         self.reopen.dir(anchor).map_err(io("open directory to link"))?;
                     fsops::hard_link(&first_dir, &anchor.name, dir, &node.name)
-                        .map_err(io("hard link"))?;
+                        .map_err(replacing("hard link"))?;
                     if let Some(members) = &mut group.provisional {
                         members.push(here);
                     }
@@ -191,13 +196,14 @@ impl Planner<'_> {
         let mut warnings = Warnings::default();
         match &node.body {
             NodeBody::Dir { pages } => {
-                let sub = fsops::ensure_dir(dir, &node.name).map_err(io("create directory"))?;
+                let sub =
+                    fsops::ensure_dir(dir, &node.name).map_err(replacing("create directory"))?;
                 self.counts.dirs += 1;
                 self.dir(&Arc::new(sub), &loc.child(&node.name), pages, &path, depth + 1)?;
             }
             NodeBody::File(content) | NodeBody::Volume { content, .. } => {
-                let file =
-                    fsops::create_file(dir, &node.name, &node.meta).map_err(io("create file"))?;
+                let file = fsops::create_file(dir, &node.name, &node.meta)
+                    .map_err(replacing("create file"))?;
                 // Dense files reach their size as they are written; only files ending in a hole
                 // (or empty ones being replaced) need the size set.
                 if content.extents.is_some() || self.shared.sparse {
@@ -241,7 +247,8 @@ impl Planner<'_> {
                 warnings.0.push(format!("{what}: symlink not restored: its target is unknown"));
             }
             NodeBody::Symlink { target } => {
-                fsops::create_symlink(dir, &node.name, target).map_err(io("create symlink"))?;
+                fsops::create_symlink(dir, &node.name, target)
+                    .map_err(replacing("create symlink"))?;
                 fsops::apply_at(
                     dir,
                     &node.name,
@@ -264,7 +271,8 @@ impl Planner<'_> {
                     NodeBody::BlockDevice { rdev } => (SFlag::S_IFBLK, rdev),
                     _ => (SFlag::S_IFIFO, 0),
                 };
-                fsops::create_node(dir, &node.name, kind, rdev).map_err(io("create node"))?;
+                fsops::create_node(dir, &node.name, kind, rdev)
+                    .map_err(replacing("create node"))?;
                 fsops::apply_at(
                     dir,
                     &node.name,
@@ -282,7 +290,7 @@ impl Planner<'_> {
         for earlier in earlier_members {
             let earlier_dir = self.reopen.dir(&earlier).map_err(io("open directory to link"))?;
             fsops::hard_link(dir, &node.name, &earlier_dir, &earlier.name)
-                .map_err(io("hard link"))?;
+                .map_err(replacing("hard link"))?;
         }
         Ok(())
     }

@@ -564,3 +564,183 @@ async fn frames_evicted_at_once_are_claimed_again_and_every_file_written() -> Re
 async fn small_batches_taken_ahead_with_frames_evicted_at_once_never_stall() -> RepoResult<()> {
     restore_through_slow_reads(300, 8, 0).await
 }
+
+/// Removing an entry in the way never crosses a mount point and stops at the depth limit; an
+/// empty directory at the limit is removed.
+#[test]
+fn removal_stops_at_other_file_systems_and_the_depth_limit() {
+    use fsops::{Refusal, Removal, removal};
+    let (dir, file, link) = (libc::S_IFDIR, libc::S_IFREG, libc::S_IFLNK);
+    assert_eq!(removal(7, 7, file, 0), Removal::Unlink);
+    assert_eq!(removal(7, 7, link, MAX_DEPTH + 5), Removal::Unlink);
+    assert_eq!(removal(7, 7, dir, 0), Removal::Empty);
+    assert_eq!(removal(7, 7, dir, MAX_DEPTH - 1), Removal::Empty);
+    assert_eq!(removal(7, 7, dir, MAX_DEPTH), Removal::RmdirOnly);
+    for (kind, depth) in [(dir, 0), (dir, 3), (file, 0), (link, 1), (dir, MAX_DEPTH)] {
+        assert_eq!(removal(7, 8, kind, depth), Removal::Refuse(Refusal::MountPoint));
+    }
+}
+
+#[test]
+fn a_refused_replacement_names_what_was_in_the_way() {
+    use fsops::{Refusal, ReplaceError};
+    let refused = |at: &str, reason| {
+        ReplaceError::Refused { at: at.into(), reason }
+            .into_repo("create file", std::path::Path::new("/t/x"))
+            .to_string()
+    };
+    assert_eq!(
+        refused("a/m", Refusal::MountPoint),
+        "refusing to restore /t/x: /t/x/a/m is a mount point (another file system, or a bind \
+         mount); not replaced"
+    );
+    assert_eq!(
+        refused("", Refusal::MountPoint),
+        "refusing to restore /t/x: it is a mount point (another file system, or a bind mount); \
+         not replaced"
+    );
+    assert_eq!(
+        refused("d", Refusal::TooDeep),
+        format!(
+            "refusing to restore /t/x: /t/x/d nests directories deeper than {MAX_DEPTH}; not replaced"
+        )
+    );
+}
+
+fn io_err(what: &'static str) -> impl Fn(std::io::Error) -> RepoError {
+    move |e| RepoError::io(what, "(test)", e)
+}
+
+fn open_dir_at(path: &std::path::Path) -> RepoResult<OwnedFd> {
+    nix::fcntl::open(path, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| RepoError::io("open", path, e.into()))
+}
+
+/// A chain of directories one level deeper than the removal keeps open is refused (nothing of
+/// the chain removed); one level less, and it goes.
+#[test]
+fn removing_a_tree_in_the_way_is_bounded_in_depth() -> RepoResult<()> {
+    let base = tempfile::tempdir().map_err(io_err("tempdir"))?;
+    let top = open_dir_at(base.path())?;
+    // d/d/…/d, MAX_DEPTH + 2 directories: the one at the limit holds one more.
+    let mut fd = open_dir_at(base.path())?;
+    for _ in 0..MAX_DEPTH + 2 {
+        nix::sys::stat::mkdirat(&fd, "d", Mode::from_bits_truncate(0o700))
+            .map_err(|e| io_err("mkdir")(e.into()))?;
+        fd = fsops::open_dir(&fd, b"d").map_err(io_err("open"))?;
+    }
+    drop(fd);
+    match fsops::remove_any(&top, b"d") {
+        Err(fsops::ReplaceError::Refused { at, reason: fsops::Refusal::TooDeep }) => {
+            assert_eq!(at.components().count(), MAX_DEPTH, "{}", at.display());
+        }
+        other => panic!("not refused as too deep: {other:?}"),
+    }
+    // The innermost directory goes: the one at the limit is empty now.
+    let mut fd = open_dir_at(base.path())?;
+    for _ in 0..MAX_DEPTH + 1 {
+        fd = fsops::open_dir(&fd, b"d").map_err(io_err("open"))?;
+    }
+    nix::unistd::unlinkat(&fd, "d", nix::unistd::UnlinkatFlags::RemoveDir)
+        .map_err(|e| io_err("rmdir")(e.into()))?;
+    drop(fd);
+    fsops::remove_any(&top, b"d").map_err(|e| e.into_repo("remove", base.path()))?;
+    assert!(!base.path().join("d").exists());
+    Ok(())
+}
+
+/// A mount (unmounted, lazily, when dropped).
+struct Mounted(std::path::PathBuf);
+
+impl Mounted {
+    /// A fresh tmpfs at `at`, or `from` bind-mounted there.
+    fn new(from: Option<&std::path::Path>, at: &std::path::Path) -> RepoResult<Self> {
+        use nix::mount::MsFlags;
+        let (source, fstype, flags) = match from {
+            Some(from) => (from.as_os_str(), None, MsFlags::MS_BIND),
+            None => (std::ffi::OsStr::new("tmpfs"), Some("tmpfs"), MsFlags::empty()),
+        };
+        nix::mount::mount(Some(source), at, fstype, flags, None::<&str>)
+            .map_err(|e| RepoError::io("mount", at, e.into()))?;
+        Ok(Self(at.to_path_buf()))
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// An entry of the target in the way of a restored one, with another file system mounted in
+/// it (or on it, or a directory bind-mounted from the same file system): the restore refuses
+/// to replace it, naming the mount point, and nothing of the mounted file system is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_in_the_way_is_never_removed_across_a_mount_point() -> RepoResult<()> {
+    assert!(nix::unistd::geteuid().is_root(), "needs root: mount");
+    let repo = repo().await?;
+    let base = tempfile::tempdir().map_err(io_err("tempdir"))?;
+    let target = base.path().join("target");
+    let elsewhere = base.path().join("elsewhere");
+    for dir in ["target/x/a", "target/x/m", "target/y", "target/z", "elsewhere"] {
+        std::fs::create_dir_all(base.path().join(dir)).map_err(io_err("mkdir"))?;
+    }
+    let _x = Mounted::new(None, &target.join("x/m"))?;
+    let _y = Mounted::new(None, &target.join("y"))?;
+    let _z = Mounted::new(Some(&elsewhere), &target.join("z"))?;
+    for precious in ["x/m/precious", "y/precious", "z/precious"] {
+        std::fs::write(target.join(precious), b"keep").map_err(io_err("write"))?;
+    }
+    let cancel = CancellationToken::new();
+    // x: a mount point inside the directory in the way; y: the entry itself; z: a bind mount.
+    for (name, mount_point) in [("x", "x/m"), ("y", "y"), ("z", "z")] {
+        let body = file(&repo, b"restored").await?;
+        let id = snapshot_of(&repo, vec![vec![node(name.as_bytes(), body)]]).await?;
+        let r = restore(&repo, &id, &target, &RestoreOptions::default(), None, &cancel).await;
+        let Err(RepoError::UnsafeEntry { path, reason }) = r else {
+            panic!("{name}: not refused: {r:?}");
+        };
+        assert_eq!(path, target.join(name));
+        assert!(reason.contains("is a mount point (another file system"), "{name}: {reason}");
+        if name == "x" {
+            let shown = target.join(mount_point).display().to_string();
+            assert!(reason.contains(&shown), "{name}: {reason}");
+        }
+        let kept = std::fs::read(target.join(mount_point).join("precious"));
+        assert_eq!(kept.map_err(io_err("read"))?, b"keep", "{name}");
+    }
+    Ok(())
+}
+
+#[test]
+fn the_shortfall_counts_unreadable_entries_and_quotes_the_first_warnings() {
+    let summary = |errors: u64, warnings: &[&str], total: u64| RestoreSummary {
+        files: 9,
+        dirs: 2,
+        bytes: 100,
+        entries_with_backup_errors: errors,
+        warnings: warnings.iter().map(|w| (*w).to_owned()).collect(),
+        warnings_total: total,
+        withheld: Withheld::default(),
+        duration: Duration::ZERO,
+    };
+    assert_eq!(summary(0, &[], 0).shortfall(3), None);
+    assert_eq!(
+        summary(1, &[], 0).shortfall(3).as_deref(),
+        Some(
+            "1 entry was unreadable when backed up and is restored as recorded (its content missing)"
+        )
+    );
+    assert_eq!(
+        summary(4, &["a: set xattr user.x: Operation not supported"], 1).shortfall(3).as_deref(),
+        Some(
+            "4 entries were unreadable when backed up and are restored as recorded (their content \
+             missing); 1 warning: a: set xattr user.x: Operation not supported"
+        )
+    );
+    // Five kept of 250: three quoted, the rest counted.
+    let many = summary(0, &["w1", "w2", "w3", "w4", "w5"], 250);
+    assert_eq!(many.shortfall(3).as_deref(), Some("250 warnings: w1; w2; w3; and 247 more"));
+    assert_eq!(many.shortfall(0).as_deref(), Some("250 warnings"));
+    assert_eq!(summary(0, &["w1", "w2"], 2).shortfall(3).as_deref(), Some("2 warnings: w1; w2"));
+}

@@ -191,6 +191,8 @@ async fn unreadable_file_is_recorded_not_skipped() -> TestResult {
     let r = restore(&repo, &s.snapshot_id, out.path(), &RestoreOptions::default(), None, &cancel)
         .await?;
     assert_eq!(r.entries_with_backup_errors, 1);
+    let note = r.shortfall(3).unwrap_or_default();
+    assert!(note.starts_with("1 entry was unreadable when backed up"), "{note}");
     assert_eq!(std::fs::read(out.path().join("good"))?, b"fine");
     Ok(())
 }

@@ -105,7 +105,11 @@ async fn nth_call_fails_with_unavailable_and_nothing_written() {
     let k = key("config");
     let first = store.put_if_absent(&k, "x".into(), &live).await;
     assert!(matches!(first, Err(StoreError::Unavailable { .. })), "{first:?}");
-    assert!(fs.head(&k, &live).await.ok().flatten().is_none());
+    assert_eq!(
+        fs.head(&k, &live).await.unwrap_or_else(|e| panic!("head: {e}")),
+        None,
+        "the failed put wrote nothing"
+    );
     assert_eq!(store.put_if_absent(&k, "x".into(), &live).await.ok(), Some(PutOutcome::Created));
     assert!(store.get(&k, &live).await.is_err());
     assert_eq!(store.get(&k, &live).await.ok().as_deref(), Some(&b"x"[..]));

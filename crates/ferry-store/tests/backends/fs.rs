@@ -97,7 +97,11 @@ async fn cancel_during_write_leaves_nothing() {
     let outcome = writer.await.unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(outcome, Err(StoreError::Cancelled)), "{outcome:?}");
     let live = CancellationToken::new();
-    assert!(store.head(&k, &live).await.ok().flatten().is_none());
+    assert_eq!(
+        store.head(&k, &live).await.unwrap_or_else(|e| panic!("head: {e}")),
+        None,
+        "nothing written"
+    );
     assert!(store.list("", &live).await.ok().is_some_and(|l| l.is_empty()));
     assert_eq!(temp_files(&root), 0, "temporary file left behind");
 }

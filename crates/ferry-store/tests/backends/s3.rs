@@ -132,7 +132,11 @@ async fn prefix_isolates_stores_and_foreign_objects_are_skipped() {
     let listed = store.list("", &live()).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(listed.iter().map(|m| m.key.as_str()).collect::<Vec<_>>(), ["config"]);
     assert!(other.list("", &live()).await.ok().is_some_and(|l| l.is_empty()));
-    assert!(other.head(&key("config"), &live()).await.ok().flatten().is_none());
+    assert_eq!(
+        other.head(&key("config"), &live()).await.unwrap_or_else(|e| panic!("head: {e}")),
+        None,
+        "not visible under the other prefix"
+    );
     assert_eq!(
         other.put_if_absent(&key("config"), "theirs".into(), &live()).await.ok(),
         Some(PutOutcome::Created)
@@ -179,7 +183,11 @@ async fn cancel_during_multipart_upload_aborts_it() {
     cancel.cancel();
     let outcome = writer.await.unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(outcome, Err(StoreError::Cancelled)), "{outcome:?}");
-    assert!(store.head(&k, &live()).await.ok().flatten().is_none());
+    assert_eq!(
+        store.head(&k, &live()).await.unwrap_or_else(|e| panic!("head: {e}")),
+        None,
+        "nothing written"
+    );
     assert_eq!(pending_uploads(&client, store.bucket()).await, 0, "upload not aborted");
 }
 

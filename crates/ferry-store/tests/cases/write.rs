@@ -136,7 +136,11 @@ pub async fn delete_removes_and_tolerates_missing(store: &impl Store) {
     put(store, &b, "b".into()).await;
     store.delete(&a, &live()).await.unwrap_or_else(|e| panic!("delete: {e}"));
     assert_not_found(store.get(&a, &live()).await, &a);
-    assert!(store.head(&a, &live()).await.ok().flatten().is_none());
+    assert_eq!(
+        store.head(&a, &live()).await.unwrap_or_else(|e| panic!("head: {e}")),
+        None,
+        "deleted"
+    );
     assert_eq!(get(store, &b).await, "b");
     store.delete(&a, &live()).await.unwrap_or_else(|e| panic!("delete again: {e}"));
     store
@@ -165,6 +169,10 @@ pub async fn cancelled_token_stops_every_call(store: &impl Store) {
     cancelled("list", store.list("", &cancel).await.map(drop));
     cancelled("delete", store.delete(&present, &cancel).await);
     // Nothing happened.
-    assert!(store.head(&absent, &live()).await.ok().flatten().is_none());
+    assert_eq!(
+        store.head(&absent, &live()).await.unwrap_or_else(|e| panic!("head: {e}")),
+        None,
+        "nothing created"
+    );
     assert_eq!(get(store, &present).await, "x");
 }

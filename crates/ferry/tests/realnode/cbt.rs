@@ -31,6 +31,42 @@ fn cbt(args: &[&str], account: &str) -> Result<Value, String> {
         .map_err(|e| format!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
+/// Runs `ferry cbt bases ARGS` from the host as the cluster's admin: its standard output, or
+/// the error text.
+pub fn bases(args: &[&str]) -> Result<String, String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["cbt", "bases"])
+        .args(args)
+        .env("KUBECONFIG", node::node().cluster.kubeconfig())
+        .output()
+        .map_err(|e| format!("running ferry cbt bases {args:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "ferry cbt bases {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    String::from_utf8(out.stdout).map_err(|e| e.to_string())
+}
+
+/// Releases, as it is dropped, every base snapshot kept of PVCs in its namespace (with `ferry
+/// cbt bases release --namespace`), so a test that stops half-way leaves none behind for the
+/// tests after it. A release that fails fails a test that had passed.
+#[must_use = "the bases are released when this is dropped"]
+pub struct ReleaseBases(pub String);
+
+impl Drop for ReleaseBases {
+    fn drop(&mut self) {
+        if let Err(e) = bases(&["release", "--namespace", &self.0]) {
+            if std::thread::panicking() {
+                eprintln!("releasing the kept bases of {}: {e}", self.0);
+            } else {
+                panic!("releasing the kept bases of {}: {e}", self.0);
+            }
+        }
+    }
+}
+
 fn ranges(answer: &Value) -> Vec<(u64, u64)> {
     answer["ranges"]
         .as_array()
@@ -299,6 +335,7 @@ async fn incrementals_read_only_what_changed_since_the_kept_base_snapshot() -> T
     let _agent = node::AGENT.read().await;
     let client = node.client()?;
     let ns = node.namespace("cbt-delta").await?;
+    let _bases = ReleaseBases(ns.clone());
     node::create_pvc(&client, &ns, "disk", "128Mi", "Block").await?;
     let pvcs: Api<ferry_api::k8s_openapi::api::core::v1::PersistentVolumeClaim> =
         Api::namespaced(client.clone(), &ns);
@@ -333,6 +370,15 @@ async fn incrementals_read_only_what_changed_since_the_kept_base_snapshot() -> T
     let first_handle = kept
         .and_then(|c| c.status?.snapshot_handle)
         .ok_or("the kept content has no snapshot handle")?;
+    // An operator sees it, with its source PVC and the DataUpload that kept it.
+    let seen: Value = serde_json::from_str(&bases(&["list", "--namespace", &ns, "--json"])?)?;
+    let seen = seen["bases"].as_array().ok_or("no list of bases")?;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0]["content"], first_name.as_str());
+    assert_eq!(seen[0]["state"], "kept");
+    assert_eq!(seen[0]["source"], format!("{ns}/disk"));
+    assert_eq!(seen[0]["dataUpload"], format!("{}/{first_name}", ferry_testbed::VELERO_NAMESPACE));
+    assert_eq!(seen[0]["snapshotHandle"], first_handle.as_str());
     let listed = node.ferry(&ns, &["snapshots", "--json"]).await?;
     assert!(listed.contains(ferry_mover::CSI_SNAPSHOT_KEPT_TAG), "{listed}");
     assert!(listed.contains(ferry_mover::CSI_SOURCE_VOLUME_TAG), "{listed}");
@@ -376,7 +422,16 @@ dd if=/dev/urandom of=/dev/volume bs=4k count=1 seek=4101 conv=fsync 2>/dev/null
     assert_eq!(restored_md5(node, &client, &second).await?, written, "delta restore differs");
 
     // The base released by hand: the next backup falls back to the allocated ranges, and says so.
-    assert!(ferry_expose::release_kept_base(&client, &second_name).await?);
+    // A name that is not a kept base is refused, and nothing is released with it.
+    let refused = bases(&["release", &second_name, &first_name])
+        .expect_err("a content that is no kept base was taken");
+    assert!(refused.contains(&first_name) && refused.contains("nothing released"), "{refused}");
+    let still = content_when(&client, &second_name, "still kept", |c| c.is_some()).await?;
+    let untouched = still.as_ref().is_some_and(|c| {
+        c.metadata.deletion_timestamp.is_none() && c.spec.deletion_policy == "Retain"
+    });
+    assert!(is_kept(still.as_ref()) && untouched, "released with a typo: {still:?}");
+    assert_eq!(bases(&["release", &second_name])?.trim(), format!("released {second_name}"));
     content_when(&client, &second_name, "released", |c| c.is_none()).await?;
     let written = write(
         &client,

@@ -125,6 +125,7 @@ async fn an_ext4_volume_backs_up_by_allocated_ranges_then_by_delta_and_restores_
     let _agent = node::AGENT.read().await;
     let client = node.client()?;
     let ns = node.namespace("cbt-ext4").await?;
+    let _bases = crate::cbt::ReleaseBases(ns.clone());
     kept_block_pvc(&client, &ns, SIZE).await?;
     // Provisioned on first use.
     node::run_pod(&client, &ns, "disk", true, "true").await?;

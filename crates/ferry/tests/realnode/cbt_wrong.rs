@@ -338,6 +338,7 @@ async fn a_wrong_broken_or_refused_delta_falls_back_along_the_chain_and_says_why
     let _agent = node::AGENT.write().await;
     let client = node.client()?;
     let ns = node.namespace("cbt-wrong").await?;
+    let _bases = crate::cbt::ReleaseBases(ns.clone());
     let proxy = ProxyControl::default();
     let redirect = Redirect::start(node, &proxy).await?;
     // The service object is put back also when an assertion fails: every later changed-block

@@ -384,6 +384,7 @@ async fn holding_pods_gone_while_waiting_for_a_slot_or_mid_backup_fail_their_upl
     let client = node.client()?;
     let gate = gate(node).await?;
     let ns = node.namespace("held-up").await?;
+    let _bases = crate::cbt::ReleaseBases(ns.clone());
     filled_volumes(&client, &ns).await?;
     // The block PVC's backups are to keep their base snapshot, had they completed.
     crate::cbt::keep_base(&client, &ns, "disk").await?;

@@ -43,7 +43,7 @@ async fn a_block_backup_resumed_by_a_new_agent_keeps_its_base_for_the_next_delta
     let client = node.client()?;
     let gate = gate(node).await?;
     let _reopen = Reopen(gate);
-    let Stalled { ns, name: first, handle, written } =
+    let Stalled { ns, name: first, handle, written, _bases: _release } =
         stalled_kept_backup(node, &client, gate, "resumed-base").await?;
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), VELERO_NAMESPACE);
@@ -111,7 +111,8 @@ async fn a_pending_base_left_while_the_agent_was_away_is_released_on_its_return(
     let client = node.client()?;
     let gate = gate(node).await?;
     let _reopen = Reopen(gate);
-    let Stalled { ns, name, handle, .. } = stalled_kept_backup(node, &client, gate, "away").await?;
+    let Stalled { ns, name, handle, _bases: _release, .. } =
+        stalled_kept_backup(node, &client, gate, "away").await?;
 
     // The agent is put back whatever happened while it was away: later tests need it.
     let away =
@@ -180,6 +181,8 @@ struct Stalled {
     handle: String,
     /// The device's MD5.
     written: String,
+    /// Whatever the test leaves kept is released at its end.
+    _bases: crate::cbt::ReleaseBases,
 }
 
 /// A 256 MiB block PVC `disk` in a new namespace `prefix-…`, its backups to keep their base,
@@ -192,6 +195,7 @@ async fn stalled_kept_backup(
     prefix: &str,
 ) -> Result<Stalled, Box<dyn std::error::Error>> {
     let ns = node.namespace(prefix).await?;
+    let bases = crate::cbt::ReleaseBases(ns.clone());
     kept_block_pvc(client, &ns, "256Mi").await?;
     let written = write(client, &ns, WRITE_DEVICE).await?;
     gate.close();
@@ -200,7 +204,7 @@ async fn stalled_kept_backup(
     let name = name_of(&du);
     stall_mid_transfer::<DataUpload>(client, &name, gate).await?;
     let handle = pending_base(client, &name).await?;
-    Ok(Stalled { ns, name, handle, written })
+    Ok(Stalled { ns, name, handle, written, _bases: bases })
 }
 
 /// With the agent's pod kept off the node: the DataUpload `name` deleted (finalizer removed),
