@@ -160,8 +160,14 @@ fn threads_within(limit: u64) -> usize {
 #[must_use]
 pub fn default_threads() -> ThreadBudget {
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    ThreadBudget::plan(cpus, process_memory_limit())
+}
+
+/// This process's memory limit now (see the module's documentation), if it has one.
+#[must_use]
+pub fn process_memory_limit() -> Option<MemoryLimit> {
     let cgroups = std::fs::read_to_string(PROC_SELF_CGROUP).unwrap_or_default();
-    ThreadBudget::plan(cpus, memory_limit(&cgroups, Path::new(CGROUP_ROOT)))
+    memory_limit(&cgroups, Path::new(CGROUP_ROOT))
 }
 
 /// `requested`, or [`default_threads`] when it is 0.

@@ -155,9 +155,23 @@ impl KdfParams {
         Self { memory_kib: 64, iterations: 1, parallelism: 1 }
     }
 
-    /// The most memory a key file may ask for: 1 GiB, half the agent's default memory limit
-    /// (a hostile key file must not get the agent killed for memory), 16 times the default.
+    /// The most memory a key file may ask for: 1 GiB, 16 times the default, and never more
+    /// than a quarter of the process's memory limit ([`Self::max_memory_kib`]): a hostile key
+    /// file must not get the agent killed for memory.
     pub const MAX_MEMORY_KIB: u32 = 1024 * 1024;
+
+    /// The most memory a key file may ask for under a memory limit of `limit_bytes` (`None`:
+    /// none): [`Self::MAX_MEMORY_KIB`], at most a quarter of the limit, at least the default
+    /// (every key file Ferry writes opens wherever it runs at all).
+    #[must_use]
+    pub fn max_memory_kib(limit_bytes: Option<u64>) -> u32 {
+        let default = Self::default().memory_kib;
+        limit_bytes.map_or(Self::MAX_MEMORY_KIB, |bytes| {
+            let quarter = u32::try_from(bytes / 4 / 1024).unwrap_or(u32::MAX);
+            quarter.clamp(default, Self::MAX_MEMORY_KIB)
+        })
+    }
+
     /// The most passes a key file may ask for (bounds the time one key file costs).
     pub const MAX_ITERATIONS: u32 = 64;
 
@@ -166,6 +180,21 @@ impl KdfParams {
         if self.memory_kib > Self::MAX_MEMORY_KIB || self.iterations > Self::MAX_ITERATIONS {
             return Err(invalid(format!("{self:?} exceeds the accepted maximum")));
         }
+        let limit = crate::thread_budget::process_memory_limit();
+        let allowed = Self::max_memory_kib(limit.as_ref().map(|l| l.bytes));
+        if self.memory_kib > allowed {
+            let limit = limit.map(|l| format!("{} MiB ({})", l.bytes >> 20, l.file.display()));
+            return Err(invalid(format!(
+                "{self:?} asks for {} MiB, more than a quarter of this process's memory limit \
+                 of {} allows",
+                self.memory_kib >> 10,
+                limit.unwrap_or_default()
+            )));
+        }
+        // Derivations asking more than the default run one at a time: several hostile key
+        // files opened at once (repositories of several namespaces) cannot add up.
+        let _one_at_a_time = (self.memory_kib > Self::default().memory_kib)
+            .then(|| LARGE_DERIVATIONS.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let params =
             argon2::Params::new(self.memory_kib, self.iterations, self.parallelism, Some(32))
                 .map_err(|e| invalid(e.to_string()))?;
@@ -176,6 +205,10 @@ impl KdfParams {
         Ok(out)
     }
 }
+
+/// Held by a key derivation that asks for more memory than the default (see
+/// [`KdfParams::derive`]).
+static LARGE_DERIVATIONS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The encryption context of every KMS wrap of a key file: the KMS binds it to the blob, so a
 /// blob wrapped by the same key for anything else does not unwrap as a key file.
@@ -610,6 +643,17 @@ mod tests {
         let over = KdfParams { memory_kib: 2 * 1024 * 1024, iterations: 1, parallelism: 1 };
         let refused = over.derive(b"p", &[0; 32]).expect_err("2 GiB");
         assert!(refused.to_string().contains("exceeds the accepted maximum"), "{refused}");
+    }
+
+    #[test]
+    fn a_key_file_may_ask_a_quarter_of_the_memory_limit_at_most() {
+        const GIB: u64 = 1 << 30;
+        let max = KdfParams::max_memory_kib;
+        assert_eq!(max(None), KdfParams::MAX_MEMORY_KIB, "no limit: 1 GiB");
+        assert_eq!(max(Some(64 * GIB)), KdfParams::MAX_MEMORY_KIB, "1 GiB at most");
+        assert_eq!(max(Some(2 * GIB)), 512 * 1024, "the agent's default limit: 512 MiB");
+        let default = KdfParams::default().memory_kib;
+        assert_eq!(max(Some(64 << 20)), default, "never below what Ferry writes");
     }
 
     proptest! {

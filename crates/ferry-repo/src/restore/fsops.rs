@@ -220,11 +220,15 @@ pub(crate) fn remove_any(dir: &OwnedFd, name: &[u8]) -> Result<(), ReplaceError>
                     if let Some(done) = stack.pop() {
                         let parent = stack.last().map_or(dir, |l| &l.fd);
                         drop(done.fd);
-                        nix::unistd::unlinkat(
+                        // Gone meanwhile (another process removing it too): as good.
+                        match nix::unistd::unlinkat(
                             parent.as_fd(),
                             &*done.name,
                             UnlinkatFlags::RemoveDir,
-                        )?;
+                        ) {
+                            Ok(()) | Err(Errno::ENOENT) => {}
+                            Err(e) => return Err(e.into()),
+                        }
                     }
                     continue;
                 }
@@ -242,7 +246,7 @@ pub(crate) fn remove_any(dir: &OwnedFd, name: &[u8]) -> Result<(), ReplaceError>
             Removal::Refuse(reason) => return Err(refused(reason)),
             Removal::Unlink => {
                 match nix::unistd::unlinkat(parent.as_fd(), &*name, UnlinkatFlags::NoRemoveDir) {
-                    Ok(()) => {}
+                    Ok(()) | Err(Errno::ENOENT) => {}
                     // A file bind-mounted from this file system.
                     Err(Errno::EBUSY) => return Err(refused(Refusal::MountPoint)),
                     Err(e) => return Err(e.into()),
@@ -250,7 +254,7 @@ pub(crate) fn remove_any(dir: &OwnedFd, name: &[u8]) -> Result<(), ReplaceError>
             }
             Removal::RmdirOnly => {
                 match nix::unistd::unlinkat(parent.as_fd(), &*name, UnlinkatFlags::RemoveDir) {
-                    Ok(()) => {}
+                    Ok(()) | Err(Errno::ENOENT) => {}
                     Err(Errno::ENOTEMPTY | Errno::EEXIST) => {
                         return Err(refused(Refusal::TooDeep));
                     }
@@ -262,6 +266,7 @@ pub(crate) fn remove_any(dir: &OwnedFd, name: &[u8]) -> Result<(), ReplaceError>
             Removal::Empty => {
                 let fd = match open_dir_to_empty(parent, &name, fs_dev) {
                     Ok(fd) => fd,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
                     Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
                         return Err(refused(Refusal::MountPoint));
                     }
