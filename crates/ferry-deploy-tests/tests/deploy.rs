@@ -272,11 +272,13 @@ fn under_dev(path: &str) -> bool {
 /// containerd refuses a container whose mount asks for propagation from a host path that is
 /// not a shared or slave mount, as `/dev` is on some nodes; device nodes show through any
 /// bind of the devtmpfs, so no `/dev` mount may ask for it. The kubelet's pods directory keeps
-/// `HostToContainer`: volumes are mounted there after the agent starts.
+/// `HostToContainer`: volumes are mounted there after the agent starts. The plugins directory,
+/// where the CSI drivers keep their sockets, is mounted read-only.
 #[test]
 fn no_dev_mount_asks_for_mount_propagation() -> anyhow::Result<()> {
     let mut dev_mounts = 0;
     let mut pods_mounts = 0;
+    let mut plugins_mounts = 0;
     let mut wrong = Vec::new();
     for (form, docs) in every_deployment_form()? {
         for (container, volumes) in containers(&docs) {
@@ -300,6 +302,10 @@ fn no_dev_mount_asks_for_mount_propagation() -> anyhow::Result<()> {
                     pods_mounts += 1;
                     assert_eq!(propagation, Some("HostToContainer"), "{form}: {mount_path}");
                 }
+                if host_path.ends_with("/kubelet/plugins") {
+                    plugins_mounts += 1;
+                    assert_eq!(mount["readOnly"].as_bool(), Some(true), "{form}: {mount_path}");
+                }
             }
         }
     }
@@ -309,6 +315,7 @@ fn no_dev_mount_asks_for_mount_propagation() -> anyhow::Result<()> {
         pods_mounts, 2,
         "one mount of the kubelet's pods directory in the manifest and one in the chart"
     );
+    assert_eq!(plugins_mounts, 2, "one plugins mount in the manifest and one in the chart");
     Ok(())
 }
 

@@ -56,7 +56,8 @@ pub struct ExposerConfig {
     /// [`ExposerConfig::load_affinity_for`].
     pub load_affinity: Vec<LoadAffinity>,
     /// The holding pods' resources (`podResources`). Default: small requests (10m CPU, 16Mi
-    /// memory), as the pods only wait; Ferry's agent moves the data.
+    /// memory) and limits (100m CPU, 64Mi memory: `ferry hold` keeps about 10 MiB resident),
+    /// as the pods only wait; Ferry's agent moves the data.
     pub pod_resources: ResourceRequirements,
     /// Labels added to the holding pods (`podLabels`). Ferry's own labels (the CR's name,
     /// `ferry.io/created-by`) are set over them: the exposers find their objects by those.
@@ -132,6 +133,10 @@ impl ExposerConfig {
                 requests: Some(BTreeMap::from([
                     ("cpu".to_owned(), Quantity("10m".to_owned())),
                     ("memory".to_owned(), Quantity("16Mi".to_owned())),
+                ])),
+                limits: Some(BTreeMap::from([
+                    ("cpu".to_owned(), Quantity("100m".to_owned())),
+                    ("memory".to_owned(), Quantity("64Mi".to_owned())),
                 ])),
                 ..ResourceRequirements::default()
             },
@@ -320,7 +325,8 @@ mod tests {
         assert_eq!(config, before);
         let requests = config.pod_resources.requests.unwrap();
         assert_eq!(requests["cpu"], Quantity("10m".into()), "Ferry's default");
-        assert!(config.pod_resources.limits.is_none());
+        let limits = config.pod_resources.limits.unwrap();
+        assert_eq!(limits["memory"], Quantity("64Mi".into()), "Ferry's default");
     }
 
     #[test]

@@ -242,9 +242,7 @@ pub(crate) async fn release_superseded(
 /// The API server refused a read or a write.
 pub async fn release_kept_base(client: &Client, name: &str) -> Result<bool, ExposeError> {
     let api = contents(client);
-    let is_kept = |c: &VolumeSnapshotContent| {
-        matches!(c.labels().get(KEPT_BASE_LABEL).map(String::as_str), Some("true" | PENDING))
-    };
+    let is_kept = |c: &VolumeSnapshotContent| kept_completed(c).is_some();
     match get_opt(&api, name, "reading a kept base snapshot").await? {
         Some(c) if is_kept(&c) => {}
         _ => return Ok(false),
@@ -292,11 +290,7 @@ impl KeptBase {
     /// `content` as a kept base; `None` when it is not labelled one.
     #[must_use]
     pub fn of(content: &VolumeSnapshotContent) -> Option<Self> {
-        let completed = match content.labels().get(KEPT_BASE_LABEL).map(String::as_str) {
-            Some("true") => true,
-            Some(PENDING) => false,
-            _ => return None,
-        };
+        let completed = kept_completed(content)?;
         let annotation = |key| content.annotations().get(key).cloned().unwrap_or_default();
         let at = completed_of(content);
         Some(Self {
@@ -319,6 +313,16 @@ impl KeptBase {
     #[must_use]
     pub fn source_namespace(&self) -> &str {
         self.source.split_once('/').map_or("", |(ns, _)| ns)
+    }
+}
+
+/// Whether `content`, labelled a kept base, is one a completed backup kept (`false`: pending);
+/// `None` when it is not labelled one.
+fn kept_completed(content: &VolumeSnapshotContent) -> Option<bool> {
+    match content.labels().get(KEPT_BASE_LABEL).map(String::as_str) {
+        Some("true") => Some(true),
+        Some(PENDING) => Some(false),
+        _ => None,
     }
 }
 

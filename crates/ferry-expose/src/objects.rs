@@ -397,14 +397,17 @@ mod tests {
     }
 
     #[test]
-    fn without_a_config_map_the_pod_is_as_before() {
+    fn without_a_config_map_the_pod_is_small_and_bounded() {
         let pod = pod(&ExposerConfig::new("img"), None, "fast", &[]);
         assert_eq!(pod["metadata"]["labels"], json!({"ferry.io/created-by": "ferry"}));
         assert_eq!(pod["metadata"]["annotations"], Value::Null);
         assert_eq!(pod["spec"]["affinity"], Value::Null);
         assert_eq!(
             pod["spec"]["containers"][0]["resources"],
-            json!({"requests": {"cpu": "10m", "memory": "16Mi"}})
+            json!({
+                "requests": {"cpu": "10m", "memory": "16Mi"},
+                "limits": {"cpu": "100m", "memory": "64Mi"}
+            })
         );
     }
 }

@@ -617,15 +617,15 @@ impl BslRepositories {
 }
 
 /// Refuses to give the repository at `at` a key for a weak `password` (see
-/// [`ferry_repo::weak_password_reason`]): a rotation or an adoption must not weaken it.
+/// [`ferry_repo::weak_password`]): a rotation or an adoption must not weaken it.
 fn refuse_weak(at: &Located, password: &[u8]) -> Result<(), MoverError> {
-    match ferry_repo::weak_password_reason(password) {
+    match ferry_repo::weak_password(password) {
         None => Ok(()),
-        Some(reason) => Err(MoverError::Password {
+        Some(weak) => Err(MoverError::Password {
             location: at.described.clone(),
             reason: format!(
-                "the password in {PASSWORD_SECRET} is too weak to be given a key ({})",
-                reason.strip_prefix("refusing to create a repository with ").unwrap_or(&reason)
+                "the password in {PASSWORD_SECRET} is too weak to be given a key ({weak}); {}",
+                ferry_repo::WeakPassword::ADVICE
             ),
         }),
     }
@@ -688,6 +688,9 @@ impl RepositorySource for BslRepositories {
         // one (its snapshots would be "not found"): it must be moved first.
         if !holds_repository(&new, cancel).await? && holds_repository(&old, cancel).await? {
             return Err(MoverError::RepositoryNotMoved { old: old.described, new: new.described });
+        }
+        if let Some(endpoint) = site.options.plain_http_endpoint() {
+            tracing::warn!(repository = %new.described, location, endpoint, "the BackupStorageLocation's s3Url is plain HTTP: object names, sizes and request signatures cross the network readable, and anyone on the path can withhold or delete backups (their contents stay encrypted and authenticated); use https, with objectStorage.caCert for a private CA");
         }
         let envelope = Envelope::new(&self.namespace, site.kms.as_ref(), &site.options).await?;
         let (repo, warning) = self.open_at(&new, &envelope, cancel).await?;

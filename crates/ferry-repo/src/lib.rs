@@ -39,6 +39,7 @@
 mod backup;
 pub mod browse;
 mod check;
+mod dir_path;
 mod error;
 mod flusher;
 pub mod format;
@@ -64,7 +65,8 @@ pub use place::Place;
 pub use progress::{Progress, ProgressFn};
 pub use repo::{
     BlobLocation, CacheOptions, InitOptions, InitOutcome, KeyDetails, KeyInfo, MIN_PASSWORD_LEN,
-    OpenOptions, RepoStats, Repository, VELERO_DEFAULT_PASSWORD, hostname, weak_password_reason,
+    OpenOptions, RepoStats, Repository, VELERO_DEFAULT_PASSWORD, WeakPassword, hostname,
+    weak_password,
 };
 pub use restore::{
     Fidelity, MAX_DEPTH, RestoreOptions, RestoreSummary, Withheld, restore, restore_at,

@@ -24,6 +24,12 @@ pub(crate) async fn open_store(args: &RepoArgs) -> anyhow::Result<Arc<dyn Object
         force_path_style: args.s3_endpoint.is_some(),
         ..S3Options::default()
     };
+    if let Some(endpoint) = options.plain_http_endpoint() {
+        tracing::warn!(
+            endpoint,
+            "the S3 endpoint is plain HTTP: object names, sizes and request signatures cross the network readable, and anyone on the path can withhold or delete objects (their contents stay encrypted and authenticated); use https"
+        );
+    }
     let store = AnyStore::open(&url, &options)
         .await
         .with_context(|| format!("opening storage {}", args.repo))?;

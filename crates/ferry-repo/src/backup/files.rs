@@ -3,7 +3,6 @@
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -12,6 +11,7 @@ use nix::sys::stat::Mode;
 use nix::unistd::Whence;
 
 use crate::backup::Shared;
+use crate::dir_path::DirPath;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{ChunkRef, Extent, FileContent, ObjectKind};
 use crate::repo::writer::LocalPacker;
@@ -21,7 +21,8 @@ use crate::repo::writer::LocalPacker;
 pub(crate) struct FileJob {
     pub(crate) dir: Arc<OwnedFd>,
     pub(crate) name: Vec<u8>,
-    pub(crate) path: PathBuf,
+    /// Its directory's place, for messages.
+    pub(crate) loc: Arc<DirPath>,
     pub(crate) sparse: bool,
     pub(crate) reply: crossbeam_channel::Sender<FileOutcome>,
 }
@@ -85,7 +86,7 @@ impl<'a> FileWorker<'a> {
                 Err(ReadError::Fatal(e)) => return Err(e),
                 Err(ReadError::File(e)) => {
                     self.shared.progress.errors.fetch_add(1, Ordering::Relaxed);
-                    FileOutcome::Failed(format!("{}: {e}", job.path.display()))
+                    FileOutcome::Failed(format!("{}: {e}", job.loc.child_path(&job.name).display()))
                 }
             };
             self.shared.progress.files_done.fetch_add(1, Ordering::Relaxed);

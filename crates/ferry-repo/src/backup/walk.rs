@@ -7,10 +7,9 @@
 //! on, never all held at once.
 
 use std::collections::{HashMap, VecDeque};
-use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -22,6 +21,7 @@ use crate::backup::Shared;
 use crate::backup::files::FileJob;
 use crate::backup::meta::{file_type, may_be_sparse, metadata, xattrs_at};
 use crate::backup::trees::Event;
+use crate::dir_path::{DirPath, Shown};
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobId, FileContent, Node, NodeBody, Timestamp};
 use crate::restore::MAX_DEPTH;
@@ -82,10 +82,13 @@ pub(crate) struct Walker<'a> {
     batch: Vec<Event>,
     jobs: crossbeam_channel::Sender<FileJob>,
     hardlinks: HashMap<(u64, u64), u64>,
-    /// Length of the root path plus its separator: what to cut for a path from the root.
-    root_len: usize,
     /// Directory levels below the root of the directory being walked.
     depth: usize,
+}
+
+/// `node`'s path in `loc`, for its error message.
+fn shown(loc: &DirPath, node: &Node) -> String {
+    Shown { dir: loc, name: Some(&node.name) }.to_string()
 }
 
 fn io(e: Errno) -> std::io::Error {
@@ -138,7 +141,6 @@ impl<'a> Walker<'a> {
             batch: Vec::with_capacity(EVENT_BATCH),
             jobs,
             hardlinks: HashMap::new(),
-            root_len: 0,
             depth: 0,
         }
     }
@@ -179,11 +181,9 @@ impl<'a> Walker<'a> {
             error: None,
         };
         let names = list(&fd).map_err(|e| RepoError::io("list backup root", root, e))?;
-        self.root_len =
-            root.as_os_str().len() + usize::from(!root.as_os_str().as_bytes().ends_with(b"/"));
         self.emit(Event::Enter(node))?;
         let parent = parent.and_then(ParentDir::new);
-        self.walk_dir(Arc::new(fd), root, names, parent)?;
+        self.walk_dir(Arc::new(fd), &DirPath::root(root), names, parent)?;
         self.emit(Event::Leave)?;
         self.flush()
     }
@@ -191,7 +191,7 @@ impl<'a> Walker<'a> {
     fn walk_dir(
         &mut self,
         dir: Arc<OwnedFd>,
-        path: &Path,
+        loc: &Arc<DirPath>,
         names: Vec<Vec<u8>>,
         mut parent: Option<ParentDir>,
     ) -> RepoResult<()> {
@@ -199,10 +199,9 @@ impl<'a> Walker<'a> {
             if self.shared.stop.is_cancelled() {
                 return Err(RepoError::Cancelled);
             }
-            let child_path = path.join(OsStr::from_bytes(&name));
             let excludes = &self.shared.excludes;
-            let relative = child_path.as_os_str().as_bytes().get(self.root_len..).unwrap_or(&[]);
-            if !excludes.is_empty() && excludes.excludes(relative) {
+            let mut relative = (!excludes.is_empty()).then(|| loc.relative(&name));
+            if relative.as_deref().is_some_and(|r| excludes.excludes(r)) {
                 continue;
             }
             let st = match nix::sys::stat::fstatat(
@@ -214,15 +213,18 @@ impl<'a> Walker<'a> {
                 // Deleted since it was listed: not part of the tree any more.
                 Err(Errno::ENOENT) => continue,
                 Err(e) => {
-                    self.error_entry(name, format!("{}: stat: {}", child_path.display(), io(e)))?;
+                    let shown = Shown { dir: loc, name: Some(&name) }.to_string();
+                    self.error_entry(name, format!("{shown}: stat: {}", io(e)))?;
                     continue;
                 }
             };
-            if file_type(&st) == libc::S_IFDIR && excludes.excludes_dir(relative) {
+            // Taken: not held while the entry's subtree is walked (see `DirPath`).
+            let is_dir = file_type(&st) == libc::S_IFDIR;
+            if relative.take().is_some_and(|r| is_dir && excludes.excludes_dir(&r)) {
                 continue;
             }
             let previous = parent.as_mut().and_then(|p| p.find(self.shared, &name));
-            self.entry(&dir, name, &child_path, &st, previous)?;
+            self.entry(&dir, name, loc, &st, previous)?;
         }
         Ok(())
     }
@@ -243,13 +245,13 @@ impl<'a> Walker<'a> {
         &mut self,
         dir: &Arc<OwnedFd>,
         name: Vec<u8>,
-        path: &Path,
+        loc: &Arc<DirPath>,
         st: &FileStat,
         previous: Option<Node>,
     ) -> RepoResult<()> {
         let mut error = None;
         let xattrs = xattrs_at(dir.as_ref(), &name).unwrap_or_else(|e| {
-            error = Some(format!("{}: read xattrs: {e}", path.display()));
+            error = Some(format!("{}: read xattrs: {e}", Shown { dir: loc, name: Some(&name) }));
             Vec::new()
         });
         let meta = metadata(st, xattrs);
@@ -274,27 +276,28 @@ impl<'a> Walker<'a> {
                 match opened {
                     Ok((sub, names)) => {
                         let parent = previous.as_ref().and_then(ParentDir::new);
+                        let here = loc.child(&node.name);
                         self.emit(Event::Enter(node))?;
                         self.depth += 1;
-                        let walked = self.walk_dir(Arc::new(sub), path, names, parent);
+                        let walked = self.walk_dir(Arc::new(sub), &here, names, parent);
                         self.depth -= 1;
                         walked?;
                     }
                     Err(e) => {
                         self.shared.progress.errors.fetch_add(1, Ordering::Relaxed);
-                        node.error = Some(format!("{}: read directory: {e}", path.display()));
+                        node.error = Some(format!("{}: read directory: {e}", shown(loc, &node)));
                         self.emit(Event::Enter(node))?;
                     }
                 }
                 return self.emit(Event::Leave);
             }
-            libc::S_IFREG => return self.file(dir, node, path, st, previous),
+            libc::S_IFREG => return self.file(dir, node, loc, st, previous),
             libc::S_IFLNK => match nix::fcntl::readlinkat(dir.as_fd(), node.name.as_slice()) {
                 Ok(target) => node.body = NodeBody::Symlink { target: target.as_bytes().to_vec() },
                 Err(e) => {
                     self.shared.progress.errors.fetch_add(1, Ordering::Relaxed);
                     node.body = NodeBody::Symlink { target: Vec::new() };
-                    node.error = Some(format!("{}: read link: {}", path.display(), io(e)));
+                    node.error = Some(format!("{}: read link: {}", shown(loc, &node), io(e)));
                 }
             },
             libc::S_IFIFO => node.body = NodeBody::Fifo,
@@ -304,7 +307,7 @@ impl<'a> Walker<'a> {
             other => {
                 self.shared.progress.errors.fetch_add(1, Ordering::Relaxed);
                 node.body = NodeBody::File(FileContent::default());
-                node.error = Some(format!("{}: unknown file type {other:o}", path.display()));
+                node.error = Some(format!("{}: unknown file type {other:o}", shown(loc, &node)));
             }
         }
         self.emit(Event::Entry(node, None))
@@ -314,7 +317,7 @@ impl<'a> Walker<'a> {
         &mut self,
         dir: &Arc<OwnedFd>,
         mut node: Node,
-        path: &Path,
+        loc: &Arc<DirPath>,
         st: &FileStat,
         previous: Option<Node>,
     ) -> RepoResult<()> {
@@ -337,7 +340,7 @@ impl<'a> Walker<'a> {
         let job = FileJob {
             dir: Arc::clone(dir),
             name: node.name.clone(),
-            path: PathBuf::from(path),
+            loc: Arc::clone(loc),
             sparse: may_be_sparse(st),
             reply,
         };

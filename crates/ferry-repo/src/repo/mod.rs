@@ -37,7 +37,7 @@ pub use index::BlobLocation;
 pub(crate) use index::{IndexBuilder, MemIndex, ShortId};
 pub use keys::{KeyDetails, KeyInfo};
 pub use open::OpenOptions;
-pub use password_policy::{MIN_PASSWORD_LEN, VELERO_DEFAULT_PASSWORD, weak_password_reason};
+pub use password_policy::{MIN_PASSWORD_LEN, VELERO_DEFAULT_PASSWORD, WeakPassword, weak_password};
 pub(crate) use slot_marks::SlotMarks;
 pub use stats::RepoStats;
 
@@ -53,7 +53,7 @@ pub struct InitOptions {
     pub chunker: ChunkerParams,
     /// Pack sizes.
     pub packs: PackParams,
-    /// Refuse to create the repository with a weak password (see [`weak_password_reason`]);
+    /// Refuse to create the repository with a weak password (see [`weak_password`]);
     /// opening an existing one is unaffected. Off by default for library use and tests;
     /// `ferry repo init` and the agent set it.
     pub refuse_weak_password: bool,
@@ -161,9 +161,15 @@ impl Repository {
             return Ok((repo, InitOutcome::AlreadyExisted));
         }
         if options.refuse_weak_password
-            && let Some(reason) = weak_password_reason(password)
+            && let Some(weak) = weak_password(password)
         {
-            return Err(RepoError::InvalidInput { what: "password for a new repository", reason });
+            return Err(RepoError::InvalidInput {
+                what: "password for a new repository",
+                reason: format!(
+                    "refusing to create a repository with {weak}; {}",
+                    WeakPassword::ADVICE
+                ),
+            });
         }
         let mut repo_id = [0u8; 32];
         rand::RngCore::fill_bytes(&mut rand::rng(), &mut repo_id);

@@ -12,23 +12,36 @@ pub const MIN_PASSWORD_LEN: usize = 16;
 /// The repository password Velero's server publishes as its default.
 pub const VELERO_DEFAULT_PASSWORD: &[u8] = b"static-passw0rd";
 
-/// Why `password` must not key a new repository, or `None` when it may.
+/// What makes a password too weak to key a repository. Its text names the password ("a
+/// password of 15 bytes (at least 16)"); each caller says what it refuses to do with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WeakPassword {
+    /// Velero's published default, [`VELERO_DEFAULT_PASSWORD`].
+    #[error("Velero's published default password")]
+    VeleroDefault,
+    /// Fewer than [`MIN_PASSWORD_LEN`] bytes.
+    #[error("a password of {len} bytes (at least {MIN_PASSWORD_LEN})")]
+    TooShort {
+        /// Its length in bytes.
+        len: usize,
+    },
+}
+
+impl WeakPassword {
+    /// What to do instead, for the end of a message.
+    pub const ADVICE: &'static str = "choose a random one, e.g. `openssl rand -hex 32`";
+}
+
+/// Why `password` must not key a repository, or `None` when it may.
 #[must_use]
-pub fn weak_password_reason(password: &[u8]) -> Option<String> {
-    const HOW: &str = "choose a random one, e.g. `openssl rand -hex 32`";
+pub fn weak_password(password: &[u8]) -> Option<WeakPassword> {
     if password == VELERO_DEFAULT_PASSWORD {
-        return Some(format!(
-            "refusing to create a repository with Velero's published default password; {HOW}"
-        ));
+        Some(WeakPassword::VeleroDefault)
+    } else if password.len() < MIN_PASSWORD_LEN {
+        Some(WeakPassword::TooShort { len: password.len() })
+    } else {
+        None
     }
-    if password.len() < MIN_PASSWORD_LEN {
-        return Some(format!(
-            "refusing to create a repository with a password of {} bytes (at least \
-             {MIN_PASSWORD_LEN}); {HOW}",
-            password.len()
-        ));
-    }
-    None
 }
 
 #[cfg(test)]
@@ -37,8 +50,12 @@ mod tests {
 
     #[test]
     fn short_and_published_passwords_are_refused() {
-        assert!(weak_password_reason(b"static-passw0rd").is_some_and(|r| r.contains("Velero")));
-        assert!(weak_password_reason(&[b'x'; 15]).is_some_and(|r| r.contains("15 bytes")));
-        assert_eq!(weak_password_reason(&[b'x'; 16]), None);
+        assert_eq!(weak_password(b"static-passw0rd"), Some(WeakPassword::VeleroDefault));
+        assert_eq!(weak_password(&[b'x'; 15]), Some(WeakPassword::TooShort { len: 15 }));
+        assert_eq!(
+            WeakPassword::TooShort { len: 15 }.to_string(),
+            "a password of 15 bytes (at least 16)"
+        );
+        assert_eq!(weak_password(&[b'x'; 16]), None);
     }
 }

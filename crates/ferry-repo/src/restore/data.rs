@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::Bytes;
 
 use super::frames::{Claim, Claims, Demand, FrameKey};
+use crate::dir_path::{DirPath, Shown};
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobOpener, ChunkRef, Frame, Metadata, ObjectKind, open_blob};
 use crate::pack_reads::{self, Fetcher, PackRead, Queue, Span};
@@ -24,7 +25,9 @@ use crate::restore::fsops::{self, Warnings};
 #[derive(Debug)]
 pub(crate) struct OpenFile {
     pub(crate) file: File,
-    pub(crate) path: PathBuf,
+    /// Its directory's place and its name there (its path, for messages: [`Self::path`]).
+    pub(crate) loc: Arc<DirPath>,
+    pub(crate) name: Vec<u8>,
     pub(crate) meta: Metadata,
     /// Batches still to write into it; the one that brings this to zero sets its metadata.
     pub(crate) pending: AtomicUsize,
@@ -32,6 +35,13 @@ pub(crate) struct OpenFile {
     pub(crate) write_back: bool,
     /// Keeps the directory open while the file is in flight (not otherwise used).
     pub(crate) _dir: Arc<OwnedFd>,
+}
+
+impl OpenFile {
+    /// Its path, for a message.
+    pub(crate) fn path(&self) -> PathBuf {
+        self.loc.child_path(&self.name)
+    }
 }
 
 /// Part of one file's content.
@@ -148,7 +158,7 @@ pub(crate) fn locate(shared: &Shared, batch: Batch) -> RepoResult<Located<'_>> {
         for (offset, chunk) in &item.chunks {
             let loc = shared.index.lookup(&chunk.id).ok_or_else(|| RepoError::MissingBlob {
                 id: chunk.id,
-                referrer: item.file.path.display().to_string(),
+                referrer: item.file.path().display().to_string(),
             })?;
             if !loc.kind.is_data() {
                 return Err(RepoError::corrupt(
@@ -156,7 +166,7 @@ pub(crate) fn locate(shared: &Shared, batch: Batch) -> RepoResult<Located<'_>> {
                         "{} {} referenced as data of {}",
                         loc.kind,
                         chunk.id,
-                        item.file.path.display()
+                        item.file.path().display()
                     ),
                     crate::format::FormatError::WrongKind {
                         expected: ObjectKind::DataBlob,
@@ -445,7 +455,7 @@ fn write_want(shared: &Shared, batch: &Batch, w: &Want, raw: &[u8]) -> RepoResul
         target
             .file
             .write_all_at(raw, w.offset)
-            .map_err(|e| RepoError::io("write", &target.path, e))?;
+            .map_err(|e| RepoError::io("write", target.path(), e))?;
     }
     shared.progress.bytes_done.fetch_add(raw.len() as u64, Ordering::Relaxed);
     Ok(())
@@ -464,13 +474,14 @@ pub(crate) const WRITE_BACK_BYTES: u64 = 8 << 20;
 pub(crate) fn finish_item(shared: &Shared, item: Item) -> RepoResult<()> {
     if item.file.write_back {
         crate::sys::start_writeback(item.file.file.as_fd())
-            .map_err(|e| RepoError::io("write back", &item.file.path, e))?;
+            .map_err(|e| RepoError::io("write back", item.file.path(), e))?;
     }
     if item.file.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
         let mut warnings = Warnings::default();
         let f = &item.file;
-        fsops::apply_fd(&f.file, &f.meta, shared, &f.path.display(), &mut warnings)
-            .map_err(|e| RepoError::io("set metadata of", &f.path, e))?;
+        let what = Shown { dir: &f.loc, name: Some(&f.name) };
+        fsops::apply_fd(&f.file, &f.meta, shared, &what, &mut warnings)
+            .map_err(|e| RepoError::io("set metadata of", f.path(), e))?;
         shared.warn(warnings);
         shared.progress.files_done.fetch_add(1, Ordering::Relaxed);
     }

@@ -33,6 +33,7 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 use tokio_util::sync::CancellationToken;
 
+use crate::dir_path::{DirPath, Shown};
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobId, Node, NodeBody, Snapshot, SnapshotId};
 use crate::place::Place;
@@ -49,8 +50,9 @@ pub(crate) const BATCH_BYTES: u64 = 16 << 20;
 /// Files per batch, at most (fewer when open files are scarce: see `batch_items`).
 pub(crate) const BATCH_ITEMS: usize = 512;
 /// Descriptors kept back from batches: directories down the tree (and the last one reopened to
-/// make a hard link), the store, the runtime.
-const FDS_RESERVED: u64 = MAX_DEPTH as u64 + 1024;
+/// make a hard link), as many again for removing a tree in an entry's way there (one per level:
+/// see `fsops::remove_any`), the store, the runtime.
+const FDS_RESERVED: u64 = 2 * MAX_DEPTH as u64 + 1024;
 /// Warnings kept in the summary.
 const MAX_WARNINGS: usize = 100;
 
@@ -403,11 +405,11 @@ fn run(
                     hardlinks: HashMap::new(),
                     counts: Counts::default(),
                 };
-                let loc = plan::DirLoc::root();
+                let loc = DirPath::root(target);
                 let planned = match pages {
-                    Some(pages) => p.dir(&root_fd, &loc, pages, target, 0),
+                    Some(pages) => p.dir(&root_fd, &loc, pages, 0),
                     // One entry of a snapshot restored on its own, into the target directory.
-                    None => p.entry(&root_fd, &loc, root.clone(), target, 0),
+                    None => p.entry(&root_fd, &loc, root.clone(), 0),
                 };
                 if let Err(e) = planned.and_then(|()| p.flush()) {
                     // The workers stop at once, leaving the batches queued.
@@ -443,7 +445,7 @@ fn run(
     let mut warnings = Warnings::default();
     std::thread::scope(|scope| {
         crate::sys::on_deep_stack(scope, "restore directory metadata", || {
-            dir_metadata(shared, &root_fd, pages, target, 0, &mut warnings)
+            dir_metadata(shared, &root_fd, pages, &DirPath::root(target), 0, &mut warnings)
         })
     })?;
     fsops::apply_fd(&root_fd.as_fd(), &root.meta, shared, &target.display(), &mut warnings)
@@ -458,7 +460,7 @@ fn run(
 pub(crate) fn for_each_entry(
     shared: &Shared,
     pages: &[BlobId],
-    path: &Path,
+    dir: &DirPath,
     mut f: impl FnMut(Node) -> RepoResult<()>,
 ) -> RepoResult<()> {
     let mut last: Option<Vec<u8>> = None;
@@ -466,18 +468,21 @@ pub(crate) fn for_each_entry(
         if shared.stop.is_cancelled() {
             return Err(RepoError::Cancelled);
         }
-        let referrer = format!("directory {}", path.display());
-        let tree = shared.handle.block_on(shared.repo.read_tree_in(
-            &shared.index,
-            page,
-            &referrer,
-            &shared.stop,
-        ))?;
+        // Dropped before the entries are walked: not held by every level of a deep tree.
+        let tree = {
+            let referrer = format!("directory {}", dir.path().display());
+            shared.handle.block_on(shared.repo.read_tree_in(
+                &shared.index,
+                page,
+                &referrer,
+                &shared.stop,
+            ))?
+        };
         if let (Some(prev), Some(first)) = (&last, tree.entries.first())
             && first.name <= *prev
         {
             return Err(RepoError::UnsafeEntry {
-                path: path.join(String::from_utf8_lossy(&first.name).as_ref()),
+                path: dir.child_path(&first.name),
                 reason: "duplicate or unordered name across tree pages".into(),
             });
         }
@@ -496,21 +501,22 @@ fn dir_metadata(
     shared: &Shared,
     fd: &OwnedFd,
     pages: &[BlobId],
-    path: &Path,
+    loc: &Arc<DirPath>,
     depth: usize,
     warnings: &mut Warnings,
 ) -> RepoResult<()> {
     if depth >= MAX_DEPTH {
         return Ok(());
     }
-    for_each_entry(shared, pages, path, |node| {
+    for_each_entry(shared, pages, loc, |node| {
         if let NodeBody::Dir { pages } = &node.body {
-            let child = plan::child_path(path, &node.name);
+            let child = loc.child(&node.name);
             let sub = fsops::open_dir(fd, &node.name)
-                .map_err(|e| RepoError::io("open directory", &child, e))?;
+                .map_err(|e| RepoError::io("open directory", child.path(), e))?;
             dir_metadata(shared, &sub, pages, &child, depth + 1, warnings)?;
-            fsops::apply_fd(&sub, &node.meta, shared, &child.display(), warnings)
-                .map_err(|e| RepoError::io("set metadata of", &child, e))?;
+            let what = Shown { dir: &child, name: None };
+            fsops::apply_fd(&sub, &node.meta, shared, &what, warnings)
+                .map_err(|e| RepoError::io("set metadata of", child.path(), e))?;
         }
         Ok(())
     })

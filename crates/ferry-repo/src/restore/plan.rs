@@ -3,51 +3,25 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use nix::sys::stat::SFlag;
 
+use crate::dir_path::{DirPath, Shown};
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobId, Node, NodeBody};
 use crate::restore::data::{self, Batch, Item, Located, OpenFile};
 use crate::restore::fsops::{self, Warnings};
 use crate::restore::{BATCH_BYTES, Counts, MAX_DEPTH, Shared, for_each_entry};
 
-pub(crate) fn child_path(path: &Path, name: &[u8]) -> PathBuf {
-    path.join(std::ffi::OsStr::new(&*String::from_utf8_lossy(name)))
-}
-
-/// A directory's place under the restore target, kept so it can be opened again (one
-/// component at a time, never following a link) after its descriptor is closed.
-#[derive(Debug)]
-pub(crate) struct DirLoc {
-    up: Option<Arc<DirLoc>>,
-    name: Vec<u8>,
-}
-
-impl DirLoc {
-    /// The restore target itself.
-    pub(crate) fn root() -> Arc<Self> {
-        Arc::new(Self { up: None, name: Vec::new() })
-    }
-
-    pub(crate) fn child(self: &Arc<Self>, name: &[u8]) -> Arc<Self> {
-        Arc::new(Self { up: Some(Arc::clone(self)), name: name.to_vec() })
-    }
-
+/// Reopening a directory by its place under the restore target, one component at a time,
+/// never following a link, after its descriptor is closed.
+impl DirPath {
     /// Opens this directory again, starting from the target's descriptor.
     pub(crate) fn open(&self, root: &Arc<OwnedFd>) -> std::io::Result<Arc<OwnedFd>> {
-        let mut names = vec![self.name.as_slice()];
-        let mut at = self.up.as_deref();
-        while let Some(loc) = at {
-            names.push(loc.name.as_slice());
-            at = loc.up.as_deref();
-        }
-        names.pop(); // the target's own (empty) name
         let mut fd = Arc::clone(root);
-        for name in names.iter().rev() {
+        for name in self.names_below_root() {
             fd = Arc::new(fsops::open_dir(&fd, name)?);
         }
         Ok(fd)
@@ -60,7 +34,7 @@ impl DirLoc {
 #[derive(Debug, Clone)]
 struct Placed {
     dir: Weak<OwnedFd>,
-    loc: Arc<DirLoc>,
+    loc: Arc<DirPath>,
     name: Vec<u8>,
 }
 
@@ -68,7 +42,7 @@ struct Placed {
 /// one closed directory tend to come together (a snapshot tree linking to the one before).
 pub(crate) struct Reopener {
     root: Arc<OwnedFd>,
-    last: Option<(Arc<DirLoc>, Arc<OwnedFd>)>,
+    last: Option<(Arc<DirPath>, Arc<OwnedFd>)>,
 }
 
 impl Reopener {
@@ -109,7 +83,7 @@ pub(crate) struct Planner<'a> {
     pub(crate) tx: crossbeam_channel::Sender<Located<'a>>,
     pub(crate) batch: Batch,
     pub(crate) batch_bytes: u64,
-    /// Opens directories of earlier hardlink members again by their [`DirLoc`].
+    /// Opens directories of earlier hardlink members again by their [`DirPath`].
     pub(crate) reopen: Reopener,
     pub(crate) hardlinks: HashMap<u64, Group>,
     pub(crate) counts: Counts,
@@ -119,40 +93,33 @@ impl Planner<'_> {
     pub(crate) fn dir(
         &mut self,
         fd: &Arc<OwnedFd>,
-        loc: &Arc<DirLoc>,
+        loc: &Arc<DirPath>,
         pages: &[BlobId],
-        path: &Path,
         depth: usize,
     ) -> RepoResult<()> {
         // An empty directory at the limit is fine (backup records the deepest directories it
         // does not enter that way); anything in it would be one level too deep.
         if depth >= MAX_DEPTH && !pages.is_empty() {
             return Err(RepoError::UnsafeEntry {
-                path: path.to_path_buf(),
+                path: loc.path(),
                 reason: format!("nesting deeper than {MAX_DEPTH}"),
             });
         }
-        for_each_entry(self.shared, pages, path, |node| self.entry(fd, loc, node, path, depth))
+        for_each_entry(self.shared, pages, loc, |node| self.entry(fd, loc, node, depth))
     }
 
     pub(crate) fn entry(
         &mut self,
         dir: &Arc<OwnedFd>,
-        loc: &Arc<DirLoc>,
+        loc: &Arc<DirPath>,
         node: Node,
-        parent: &Path,
         depth: usize,
     ) -> RepoResult<()> {
-        let path = child_path(parent, &node.name);
-        let io = |op: &'static str| {
-            let p = path.clone();
-            move |e| RepoError::io(op, p, e)
-        };
+        let name = node.name.as_slice();
+        let io = |op: &'static str| move |e| RepoError::io(op, loc.child_path(name), e);
         // Creating what may replace an existing entry: a refusal names what was in the way.
-        let replacing = |op: &'static str| {
-            let p = path.clone();
-            move |e: fsops::ReplaceError| e.into_repo(op, &p)
-        };
+        let replacing =
+            |op: &'static str| move |e: fsops::ReplaceError| e.into_repo(op, &loc.child_path(name));
         if node.error.is_some() {
             self.counts.errors += 1;
         }
@@ -162,7 +129,7 @@ impl Planner<'_> {
         {
             return Ok(());
         }
-        let what = path.display();
+        let what = Shown { dir: loc, name: Some(name) };
         let mut earlier_members = Vec::new();
         if let (Some(id), false) = (node.hardlink, matches!(node.body, NodeBody::Dir { .. })) {
             let here =
@@ -199,7 +166,7 @@ impl Planner<'_> {
                 let sub =
                     fsops::ensure_dir(dir, &node.name).map_err(replacing("create directory"))?;
                 self.counts.dirs += 1;
-                self.dir(&Arc::new(sub), &loc.child(&node.name), pages, &path, depth + 1)?;
+                self.dir(&Arc::new(sub), &loc.child(&node.name), pages, depth + 1)?;
             }
             NodeBody::File(content) | NodeBody::Volume { content, .. } => {
                 let file = fsops::create_file(dir, &node.name, &node.meta)
@@ -230,7 +197,8 @@ impl Planner<'_> {
                 } else {
                     let open = Arc::new(OpenFile {
                         file,
-                        path: path.clone(),
+                        loc: Arc::clone(loc),
+                        name: node.name.clone(),
                         meta: node.meta.clone(),
                         pending: AtomicUsize::new(segments.len()),
                         write_back: content.size >= super::data::WRITE_BACK_BYTES,

@@ -221,9 +221,9 @@ async fn missing_and_wrongly_sized_chunks_fail_the_restore() -> RepoResult<()> {
 #[test]
 fn batches_shrink_to_fit_the_open_file_limit() {
     assert_eq!(batch_items(1 << 20, 17), BATCH_ITEMS);
-    let scarce = batch_items(4096, 17);
+    let scarce = batch_items(8192, 17);
     assert!(scarce < BATCH_ITEMS, "{scarce}");
-    assert!((4 * 17 + 1) * scarce as u64 + FDS_RESERVED <= 4096, "{scarce}");
+    assert!((4 * 17 + 1) * scarce as u64 + FDS_RESERVED <= 8192, "{scarce}");
     assert_eq!(batch_items(100, 4), 1, "always at least one file per batch");
 }
 
@@ -293,7 +293,9 @@ fn reopening_a_directory_never_follows_a_replaced_component() -> RepoResult<()> 
     std::fs::create_dir_all(tmp.path().join("elsewhere/b")).map_err(io)?;
     let target = std::fs::File::open(tmp.path().join("target")).map_err(io)?;
     let root = Arc::new(OwnedFd::from(target));
-    let loc = plan::DirLoc::root().child(b"a").child(b"b");
+    let loc = DirPath::root(&tmp.path().join("target")).child(b"a").child(b"b");
+    assert_eq!(loc.path(), tmp.path().join("target/a/b"));
+    assert_eq!(loc.child_path(b"c"), tmp.path().join("target/a/b/c"));
     assert!(loc.open(&root).is_ok(), "the real directory opens");
     std::fs::rename(tmp.path().join("target/a"), tmp.path().join("a-moved")).map_err(io)?;
     std::os::unix::fs::symlink(tmp.path().join("elsewhere"), tmp.path().join("target/a"))

@@ -95,6 +95,30 @@ pub enum ServerSideEncryption {
     KmsKey(String),
 }
 
+impl S3Options {
+    /// The endpoint when it is plain HTTP to another host than this one (its loopback
+    /// addresses and `localhost` excepted): object names, sizes and request signatures then
+    /// cross the network readable, and anyone on the path can withhold or delete objects
+    /// (Ferry's repository still encrypts and authenticates their contents).
+    #[must_use]
+    pub fn plain_http_endpoint(&self) -> Option<&str> {
+        let endpoint = self.endpoint.as_deref()?;
+        let scheme_end = endpoint.find("://")?;
+        if !endpoint[..scheme_end].eq_ignore_ascii_case("http") {
+            return None;
+        }
+        let authority = endpoint[scheme_end + 3..].split(['/', '?', '#']).next().unwrap_or("");
+        let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        let host = match host_port.strip_prefix('[') {
+            Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
+            None => host_port.split(':').next().unwrap_or(""),
+        };
+        let loopback = host.trim_end_matches('.').eq_ignore_ascii_case("localhost")
+            || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.to_canonical().is_loopback());
+        (!loopback).then_some(endpoint)
+    }
+}
+
 impl Default for S3Options {
     fn default() -> Self {
         Self {
@@ -302,6 +326,28 @@ pub(super) async fn client(options: &S3Options) -> StoreResult<aws_sdk_s3::Clien
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_http_is_told_apart_from_tls_and_loopback() {
+        let at =
+            |endpoint: &str| S3Options { endpoint: Some(endpoint.into()), ..S3Options::default() };
+        for told in ["http://minio.velero.svc:9000", "HTTP://10.0.0.7", "http://u@[fd00::1]:9000/x"]
+        {
+            assert_eq!(at(told).plain_http_endpoint(), Some(told), "{told}");
+        }
+        for quiet in [
+            "https://minio.velero.svc:9000",
+            "http://127.0.0.1:9000",
+            "http://127.8.0.1",
+            "http://localhost:9000/",
+            "http://[::1]:9000",
+            "http://[::ffff:127.0.0.1]:9000",
+            "http://localhost.:9000",
+        ] {
+            assert_eq!(at(quiet).plain_http_endpoint(), None, "{quiet}");
+        }
+        assert_eq!(S3Options::default().plain_http_endpoint(), None);
+    }
 
     #[test]
     fn prefixes_are_normalized() {
