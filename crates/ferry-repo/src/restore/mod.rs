@@ -50,9 +50,10 @@ pub(crate) const BATCH_BYTES: u64 = 16 << 20;
 /// Files per batch, at most (fewer when open files are scarce: see `batch_items`).
 pub(crate) const BATCH_ITEMS: usize = 512;
 /// Descriptors kept back from batches: directories down the tree (and the last one reopened to
-/// make a hard link), as many again for removing a tree in an entry's way there (one per level:
-/// see `fsops::remove_any`), the store, the runtime.
-const FDS_RESERVED: u64 = 2 * MAX_DEPTH as u64 + 1024;
+/// make a hard link), the store, the runtime. Removing a deep tree in an entry's way deep in
+/// the target (`fsops::remove_any`, a descriptor per level) can take up to [`MAX_DEPTH`] more;
+/// where that exhausts the limit, the restore fails saying so, having written nothing wrong.
+const FDS_RESERVED: u64 = MAX_DEPTH as u64 + 1024;
 /// Warnings kept in the summary.
 const MAX_WARNINGS: usize = 100;
 

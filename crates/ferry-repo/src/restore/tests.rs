@@ -221,9 +221,9 @@ async fn missing_and_wrongly_sized_chunks_fail_the_restore() -> RepoResult<()> {
 #[test]
 fn batches_shrink_to_fit_the_open_file_limit() {
     assert_eq!(batch_items(1 << 20, 17), BATCH_ITEMS);
-    let scarce = batch_items(8192, 17);
+    let scarce = batch_items(4096, 17);
     assert!(scarce < BATCH_ITEMS, "{scarce}");
-    assert!((4 * 17 + 1) * scarce as u64 + FDS_RESERVED <= 8192, "{scarce}");
+    assert!((4 * 17 + 1) * scarce as u64 + FDS_RESERVED <= 4096, "{scarce}");
     assert_eq!(batch_items(100, 4), 1, "always at least one file per batch");
 }
 
