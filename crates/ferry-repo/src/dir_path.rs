@@ -62,6 +62,16 @@ impl DirPath {
         self.path().join(OsStr::new(&*String::from_utf8_lossy(name)))
     }
 
+    /// Its entry `name`, for a message: the path is built only if the message is.
+    pub(crate) fn show<'a>(&'a self, name: &'a [u8]) -> Shown<'a> {
+        Shown { dir: self, name: Some(name) }
+    }
+
+    /// Itself, for a message.
+    pub(crate) fn show_self(&self) -> Shown<'_> {
+        Shown { dir: self, name: None }
+    }
+
     /// The bytes of its entry `name`'s path below the root (`a/b/name`), as exclude rules
     /// match them.
     pub(crate) fn relative(&self, name: &[u8]) -> Vec<u8> {
@@ -76,11 +86,12 @@ impl DirPath {
     }
 }
 
-/// An entry's path for a message, built only if the message is.
+/// An entry's or a directory's path for a message, built only if the message is
+/// ([`DirPath::show`], [`DirPath::show_self`]).
 pub(crate) struct Shown<'a> {
-    pub(crate) dir: &'a DirPath,
+    dir: &'a DirPath,
     /// `None`: the directory itself.
-    pub(crate) name: Option<&'a [u8]>,
+    name: Option<&'a [u8]>,
 }
 
 impl fmt::Display for Shown<'_> {
@@ -107,7 +118,7 @@ mod tests {
         assert_eq!(b.relative(b"c"), b"a/b/c");
         assert_eq!(root.relative(b"c"), b"c");
         assert_eq!(b.names_below_root(), [b"a".as_slice(), b"b"]);
-        assert_eq!(Shown { dir: &b, name: Some(b"c") }.to_string(), "/target/a/b/c");
-        assert_eq!(Shown { dir: &b, name: None }.to_string(), "/target/a/b");
+        assert_eq!(b.show(b"c").to_string(), "/target/a/b/c");
+        assert_eq!(b.show_self().to_string(), "/target/a/b");
     }
 }

@@ -21,7 +21,7 @@ use crate::backup::Shared;
 use crate::backup::files::FileJob;
 use crate::backup::meta::{file_type, may_be_sparse, metadata, xattrs_at};
 use crate::backup::trees::Event;
-use crate::dir_path::{DirPath, Shown};
+use crate::dir_path::DirPath;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobId, FileContent, Node, NodeBody, Timestamp};
 use crate::restore::MAX_DEPTH;
@@ -84,11 +84,6 @@ pub(crate) struct Walker<'a> {
     hardlinks: HashMap<(u64, u64), u64>,
     /// Directory levels below the root of the directory being walked.
     depth: usize,
-}
-
-/// `node`'s path in `loc`, for its error message.
-fn shown(loc: &DirPath, node: &Node) -> String {
-    Shown { dir: loc, name: Some(&node.name) }.to_string()
 }
 
 fn io(e: Errno) -> std::io::Error {
@@ -213,7 +208,7 @@ impl<'a> Walker<'a> {
                 // Deleted since it was listed: not part of the tree any more.
                 Err(Errno::ENOENT) => continue,
                 Err(e) => {
-                    let shown = Shown { dir: loc, name: Some(&name) }.to_string();
+                    let shown = loc.show(&name).to_string();
                     self.error_entry(name, format!("{shown}: stat: {}", io(e)))?;
                     continue;
                 }
@@ -251,7 +246,7 @@ impl<'a> Walker<'a> {
     ) -> RepoResult<()> {
         let mut error = None;
         let xattrs = xattrs_at(dir.as_ref(), &name).unwrap_or_else(|e| {
-            error = Some(format!("{}: read xattrs: {e}", Shown { dir: loc, name: Some(&name) }));
+            error = Some(format!("{}: read xattrs: {e}", loc.show(&name)));
             Vec::new()
         });
         let meta = metadata(st, xattrs);
@@ -285,7 +280,7 @@ impl<'a> Walker<'a> {
                     }
                     Err(e) => {
                         self.shared.progress.errors.fetch_add(1, Ordering::Relaxed);
-                        node.error = Some(format!("{}: read directory: {e}", shown(loc, &node)));
+                        node.error = Some(format!("{}: read directory: {e}", loc.show(&node.name)));
                         self.emit(Event::Enter(node))?;
                     }
                 }
@@ -297,7 +292,7 @@ impl<'a> Walker<'a> {
                 Err(e) => {
                     self.shared.progress.errors.fetch_add(1, Ordering::Relaxed);
                     node.body = NodeBody::Symlink { target: Vec::new() };
-                    node.error = Some(format!("{}: read link: {}", shown(loc, &node), io(e)));
+                    node.error = Some(format!("{}: read link: {}", loc.show(&node.name), io(e)));
                 }
             },
             libc::S_IFIFO => node.body = NodeBody::Fifo,
@@ -307,7 +302,7 @@ impl<'a> Walker<'a> {
             other => {
                 self.shared.progress.errors.fetch_add(1, Ordering::Relaxed);
                 node.body = NodeBody::File(FileContent::default());
-                node.error = Some(format!("{}: unknown file type {other:o}", shown(loc, &node)));
+                node.error = Some(format!("{}: unknown file type {other:o}", loc.show(&node.name)));
             }
         }
         self.emit(Event::Entry(node, None))

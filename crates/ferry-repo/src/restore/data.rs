@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::Bytes;
 
 use super::frames::{Claim, Claims, Demand, FrameKey};
-use crate::dir_path::{DirPath, Shown};
+use crate::dir_path::DirPath;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobOpener, ChunkRef, Frame, Metadata, ObjectKind, open_blob};
 use crate::pack_reads::{self, Fetcher, PackRead, Queue, Span};
@@ -479,7 +479,7 @@ pub(crate) fn finish_item(shared: &Shared, item: Item) -> RepoResult<()> {
     if item.file.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
         let mut warnings = Warnings::default();
         let f = &item.file;
-        let what = Shown { dir: &f.loc, name: Some(&f.name) };
+        let what = f.loc.show(&f.name);
         fsops::apply_fd(&f.file, &f.meta, shared, &what, &mut warnings)
             .map_err(|e| RepoError::io("set metadata of", f.path(), e))?;
         shared.warn(warnings);

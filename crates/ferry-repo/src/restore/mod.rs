@@ -33,7 +33,7 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 use tokio_util::sync::CancellationToken;
 
-use crate::dir_path::{DirPath, Shown};
+use crate::dir_path::DirPath;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobId, Node, NodeBody, Snapshot, SnapshotId};
 use crate::place::Place;
@@ -515,7 +515,7 @@ fn dir_metadata(
             let sub = fsops::open_dir(fd, &node.name)
                 .map_err(|e| RepoError::io("open directory", child.path(), e))?;
             dir_metadata(shared, &sub, pages, &child, depth + 1, warnings)?;
-            let what = Shown { dir: &child, name: None };
+            let what = child.show_self();
             fsops::apply_fd(&sub, &node.meta, shared, &what, warnings)
                 .map_err(|e| RepoError::io("set metadata of", child.path(), e))?;
         }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Weak};
 
 use nix::sys::stat::SFlag;
 
-use crate::dir_path::{DirPath, Shown};
+use crate::dir_path::DirPath;
 use crate::error::{RepoError, RepoResult};
 use crate::format::{BlobId, Node, NodeBody};
 use crate::restore::data::{self, Batch, Item, Located, OpenFile};
@@ -129,7 +129,7 @@ impl Planner<'_> {
         {
             return Ok(());
         }
-        let what = Shown { dir: loc, name: Some(name) };
+        let what = loc.show(name);
         let mut earlier_members = Vec::new();
         if let (Some(id), false) = (node.hardlink, matches!(node.body, NodeBody::Dir { .. })) {
             let here =
