@@ -103,16 +103,12 @@ impl S3Options {
     #[must_use]
     pub fn plain_http_endpoint(&self) -> Option<&str> {
         let endpoint = self.endpoint.as_deref()?;
-        let scheme_end = endpoint.find("://")?;
-        if !endpoint[..scheme_end].eq_ignore_ascii_case("http") {
+        let uri: http::Uri = endpoint.parse().ok()?;
+        if uri.scheme() != Some(&http::uri::Scheme::HTTP) {
             return None;
         }
-        let authority = endpoint[scheme_end + 3..].split(['/', '?', '#']).next().unwrap_or("");
-        let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-        let host = match host_port.strip_prefix('[') {
-            Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
-            None => host_port.split(':').next().unwrap_or(""),
-        };
+        let host = uri.host()?;
+        let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
         let loopback = host.trim_end_matches('.').eq_ignore_ascii_case("localhost")
             || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.to_canonical().is_loopback());
         (!loopback).then_some(endpoint)
